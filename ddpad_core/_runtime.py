@@ -1,0 +1,460 @@
+"""The fixed-shape compiled forward: pad, run the compiled model, unpad, restore.
+
+The framework side of SPEC section 4: :class:`PaddedModel` owns *when*
+padding happens. Compiles are counted from Dynamo's own compile events (the
+backend is called once per graph Dynamo compiles; the compile id says
+whether it was a recompile), not inferred.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from ._capacity import CapResolution, bucket, record_resolutions
+from ._context import DistributedContext, activate_dd_context, current_dd_context
+from ._protocol import GraphPadder
+
+if TYPE_CHECKING:
+    from ddpad.adapters import Adapter
+
+__all__ = [
+    "CapEvent",
+    "PaddedModel",
+    "RecompileError",
+    "ShrinkPolicy",
+    "Stats",
+    "load_caps",
+    "save_caps",
+    "wrap",
+]
+
+log = logging.getLogger("ddpad")
+
+_CAPS_FORMAT = "ddpad-caps/1"
+_HAS_ISOLATE = "isolate_recompiles" in inspect.signature(torch.compile).parameters
+
+
+class RecompileError(RuntimeError):
+    """A graph was compiled that no capacity change explains (strict mode)."""
+
+
+@dataclass(frozen=True)
+class CapEvent:
+    """A cap that changed on call ``call`` (0-based) from ``old`` to ``new``
+    for ``real`` local rows (``need`` agreed rows, dead slots included)."""
+
+    call: int
+    key: str
+    old: int
+    new: int
+    real: int
+    need: int
+
+
+@dataclass(frozen=True)
+class ShrinkPolicy:
+    """Optional, hysteretic cap shrinking (off unless passed to :func:`wrap`).
+
+    A cap shrinks only after ``after`` consecutive calls in which its fill
+    (agreed need / cap) stayed below ``below``; it then becomes
+    ``bucket(max need over that stretch, factor)``, and only if that is
+    smaller. Under an agreement group the needs are already MAX-reduced, so
+    every rank sees the same fills and shrinks on the same call. A shrink
+    costs a recompile unless that shape is still in Dynamo's cache.
+    """
+
+    below: float = 0.5
+    after: int = 1000
+    factor: float = 1.15
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.below < 1.0:
+            raise ValueError(f"below must be in (0, 1), got {self.below!r}")
+        if self.after < 1:
+            raise ValueError(f"after must be >= 1, got {self.after!r}")
+        if self.factor < 1.0:
+            raise ValueError(f"factor must be >= 1.0, got {self.factor!r}")
+
+
+@dataclass
+class Stats:
+    """What a :class:`PaddedModel` measured.
+
+    Attributes
+    ----------
+    calls
+        Forward calls so far.
+    graphs
+        Graphs Dynamo compiled (one backend call each; graph breaks compile
+        several per call).
+    graphs_per_frame
+        ``{frame_id: graphs}``: compiles of each compiled Python frame.
+    recompiles
+        Compiles of an already compiled frame (Dynamo's frame_compile_id > 0).
+    graphs_by_call
+        ``{call: graphs}`` for every call that compiled something.
+    growths, shrinks
+        Cap changes (:class:`CapEvent`), first sizing excluded.
+    caps
+        Current caps.
+    fill
+        ``real / cap`` per key on the last call.
+    pad_seconds, last_pad_seconds
+        Time spent padding and unpadding, total and on the last call.
+    unexplained
+        Guard-failure reasons of recompiles that no cap change explained.
+    """
+
+    calls: int = 0
+    graphs: int = 0
+    graphs_per_frame: dict[int, int] = field(default_factory=dict)
+    recompiles: int = 0
+    graphs_by_call: dict[int, int] = field(default_factory=dict)
+    growths: list[CapEvent] = field(default_factory=list)
+    shrinks: list[CapEvent] = field(default_factory=list)
+    caps: dict[str, int] = field(default_factory=dict)
+    fill: dict[str, float] = field(default_factory=dict)
+    pad_seconds: float = 0.0
+    last_pad_seconds: float = 0.0
+    unexplained: list[str] = field(default_factory=list)
+
+    @property
+    def growth_calls(self) -> int:
+        """Calls on which at least one cap grew (each costs one recompile)."""
+        return len({event.call for event in self.growths})
+
+    @property
+    def max_graphs_per_frame(self) -> int:
+        """Compiles of the most compiled frame: ``1 + growth_calls`` when
+        padding holds (graph breaks add frames, not compiles per frame)."""
+        return max(self.graphs_per_frame.values(), default=0)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary."""
+        return {
+            "calls": self.calls,
+            "graphs": self.graphs,
+            "graphs_per_frame": dict(self.graphs_per_frame),
+            "recompiles": self.recompiles,
+            "graphs_by_call": dict(self.graphs_by_call),
+            "growths": [vars(e) for e in self.growths],
+            "shrinks": [vars(e) for e in self.shrinks],
+            "caps": dict(self.caps),
+            "fill": dict(self.fill),
+            "pad_seconds": self.pad_seconds,
+            "unexplained": list(self.unexplained),
+        }
+
+
+class _CountingBackend:
+    """A Dynamo backend that records each compile event, then delegates."""
+
+    def __init__(self, inner: Callable[..., Any], stats: Stats) -> None:
+        self.inner = inner
+        self.stats = stats
+        self.seen: set[str] = set()
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        compile_id = torch._guards.CompileContext.current_compile_id()
+        key = str(compile_id) if compile_id is not None else f"anonymous-{len(self.seen)}"
+        if key in self.seen:  # Dynamo retried the same compile (restarted analysis)
+            return self.inner(gm, example_inputs)
+        self.seen.add(key)
+        frame = getattr(compile_id, "frame_id", None)
+        frame = -1 if frame is None else int(frame)
+        self.stats.graphs += 1
+        self.stats.graphs_per_frame[frame] = self.stats.graphs_per_frame.get(frame, 0) + 1
+        call = self.stats.calls  # the call in progress
+        self.stats.graphs_by_call[call] = self.stats.graphs_by_call.get(call, 0) + 1
+        if getattr(compile_id, "frame_compile_id", 0):
+            self.stats.recompiles += 1
+        return self.inner(gm, example_inputs)
+
+    def __getattr__(self, name: str) -> Any:  # reset(), get_compiler_config() ...
+        return getattr(self.inner, name)
+
+
+def _inner_backend(backend: str | Callable[..., Any], mode: str | None, options: dict[str, Any] | None, dynamic: bool | None) -> Callable[..., Any]:
+    """The backend ``torch.compile`` would build for these arguments."""
+    if backend == "inductor":
+        return torch._TorchCompileInductorWrapper(mode, options, dynamic)
+    return torch._TorchCompileWrapper(backend, mode, options, dynamic)
+
+
+def _guard_failure_counts() -> dict[Any, int]:
+    return {code: len(reasons) for code, reasons in torch._dynamo.utils.guard_failures.items()}
+
+
+def _new_guard_failures(before: Mapping[Any, int]) -> list[str]:
+    reasons: list[str] = []
+    for code, listed in torch._dynamo.utils.guard_failures.items():
+        reasons.extend(str(r) for r in listed[before.get(code, 0):])
+    return reasons
+
+
+def load_caps(source: Mapping[str, int] | str | os.PathLike[str]) -> dict[str, int]:
+    """Caps from a dict or a JSON file written by :func:`save_caps`.
+
+    Raises
+    ------
+    ValueError
+        When a cap is not a positive integer or the file is not ddpad caps.
+    """
+    if isinstance(source, Mapping):
+        caps: Any = dict(source)
+    else:
+        with open(source, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        if not isinstance(doc, dict) or doc.get("format") != _CAPS_FORMAT:
+            raise ValueError(f"{os.fspath(source)!r} is not a ddpad caps file (format {_CAPS_FORMAT!r})")
+        caps = doc.get("caps")
+    if not isinstance(caps, dict):
+        raise ValueError(f"caps must be a mapping of key -> int, got {type(caps).__name__}")
+    for key, value in caps.items():
+        if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"cap {key!r} must be a positive integer, got {value!r}")
+    return dict(caps)
+
+
+def save_caps(caps: Mapping[str, int], path: str | os.PathLike[str], **meta: Any) -> None:
+    """Write caps to ``path`` as JSON (with optional metadata, e.g. the adapter)."""
+    doc = {"format": _CAPS_FORMAT, "caps": dict(caps), **meta}
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+
+
+class PaddedModel(torch.nn.Module):
+    """A model that always runs at fixed, grow-only padded shapes.
+
+    Takes the model's native input and returns its native output for the
+    real atoms and systems only. Each call resolves all caps (one collective
+    under an agreement group), pads, runs the (compiled) model, unpads and,
+    in a ``finally``, restores what padding changed. Build it with
+    :func:`wrap` or ``adapter.wrap(model)``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        padder: GraphPadder,
+        *,
+        adapter: Adapter | None = None,
+        pad_in_forward: bool = False,
+        call: Callable[..., Any] | None = None,
+        compile: bool = True,
+        caps: Mapping[str, int] | str | os.PathLike[str] | None = None,
+        on_recompile: Literal["warn", "raise", "ignore"] = "warn",
+        shrink: ShrinkPolicy | None = None,
+        **compile_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        if on_recompile not in ("warn", "raise", "ignore"):
+            raise ValueError(f"on_recompile must be 'warn', 'raise' or 'ignore', got {on_recompile!r}")
+        if not isinstance(padder, GraphPadder):
+            raise TypeError(f"padder {padder!r} does not implement GraphPadder (pad / unpad)")
+        self.model = model
+        self.padder = padder
+        self.adapter = adapter
+        self.pad_in_forward = pad_in_forward
+        self.call = call
+        self.on_recompile = on_recompile
+        self.shrink = shrink
+        self.cap_state: dict[str, int] = load_caps(caps) if caps is not None else {}
+        self.stats = Stats(caps=self.cap_state)
+        self._low: dict[str, tuple[int, int]] = {}  # key -> (streak, max need)
+        self._shrunk = False  # a shrink after the last call explains its recompile
+        self.compiled: Callable[..., Any] = model
+        if compile:
+            kwargs = dict(compile_kwargs)
+            backend = kwargs.pop("backend", "inductor")
+            mode = kwargs.pop("mode", None)
+            options = kwargs.pop("options", None)
+            dynamic = kwargs.pop("dynamic", False)
+            if _HAS_ISOLATE:  # our recompiles count against our own limit only
+                kwargs.setdefault("isolate_recompiles", True)
+            counting = _CountingBackend(_inner_backend(backend, mode, options, dynamic), self.stats)
+            self.compiled = torch.compile(model, backend=counting, dynamic=dynamic, **kwargs)
+        elif compile_kwargs:
+            raise TypeError(f"compile=False takes no compile arguments, got {sorted(compile_kwargs)}")
+
+    # -- the call -------------------------------------------------------------
+
+    def forward(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        graphs_before, recompiles_before = self.stats.graphs, self.stats.recompiles
+        failures_before = _guard_failure_counts() if self.on_recompile != "ignore" else {}
+        pad_seconds = 0.0
+        with record_resolutions() as resolved:
+            try:
+                if self.pad_in_forward:  # the model pads at its own seam
+                    with activate_dd_context(self._context()):
+                        out = self._run(data, args, kwargs)
+                else:
+                    t0 = time.perf_counter()
+                    padded = self.padder.pad(data, self.cap_state)
+                    pad_seconds += time.perf_counter() - t0
+                    out = self._run(padded, args, kwargs)
+                t0 = time.perf_counter()
+                out = self.padder.unpad(out)
+                pad_seconds += time.perf_counter() - t0
+            finally:
+                restore = getattr(self.padder, "restore", None)
+                if callable(restore):
+                    restore()
+        call = self.stats.calls
+        self.stats.calls += 1
+        self.stats.pad_seconds += pad_seconds
+        self.stats.last_pad_seconds = pad_seconds
+        changed = self._account(call, resolved)
+        if self.shrink is not None:
+            self._maybe_shrink(call, resolved)
+        # call 0 may recompile frames another wrapper of the same code compiled
+        if call > 0 and self.stats.recompiles > recompiles_before and not changed:
+            self._unexplained(call, self.stats.graphs - graphs_before, failures_before)
+        return out
+
+    def _run(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.call is None:
+            return self.compiled(data, *args, **kwargs)
+        return self.call(self.compiled, data, *args, **kwargs)
+
+    def _context(self) -> DistributedContext:
+        """The context the model's seam pads through: the active one's mesh and
+        metadata (a framework's), with this wrapper's padder and caps."""
+        outer = current_dd_context()
+        if outer.graph_padder is not None:
+            return outer  # a framework already drives padding
+        return DistributedContext(
+            mesh=outer.mesh, policy=outer.policy, halo_config=outer.halo_config,
+            n_systems_global=outer.n_systems_global, n_atoms_total=outer.n_atoms_total,
+            halo_meta=outer.halo_meta, gather_meta=outer.gather_meta, strategy=outer.strategy,
+            owned_offset=outer.owned_offset, cap_state=self.cap_state, graph_padder=self.padder,
+            cap_atoms=outer.cap_atoms, extras=dict(outer.extras),
+        )
+
+    def _account(self, call: int, resolved: list[CapResolution]) -> bool:
+        """Record growths and fills; True when a known cap changed."""
+        changed = False
+        for r in resolved:
+            self.stats.fill[r.key] = r.real / r.cap if r.cap else 0.0
+            if r.old_cap is not None and r.cap != r.old_cap:
+                changed = True
+                self.stats.growths.append(CapEvent(call, r.key, r.old_cap, r.cap, r.real, r.need))
+        changed, self._shrunk = changed or self._shrunk, False
+        return changed
+
+    def _maybe_shrink(self, call: int, resolved: list[CapResolution]) -> None:
+        policy = self.shrink
+        assert policy is not None
+        for r in resolved:
+            streak, high = self._low.get(r.key, (0, 0))
+            if r.cap and r.need / r.cap < policy.below:
+                streak, high = streak + 1, max(high, r.need)
+            else:
+                streak, high = 0, 0
+            self._low[r.key] = (streak, high)
+            if streak < policy.after:
+                continue
+            self._low[r.key] = (0, 0)
+            stride = r.policy.stride
+            new = max(stride, bucket(high, policy.factor, stride))
+            if new < self.cap_state[r.key]:
+                event = CapEvent(call, r.key, self.cap_state[r.key], new, r.real, high)
+                self.stats.shrinks.append(event)
+                self.cap_state[r.key] = new
+                self._shrunk = True
+                log.info(
+                    "%s fill below %.2f for %d calls (max need %d): shrink %d -> %d, expect one recompile",
+                    r.key, policy.below, policy.after, high, event.old, new,
+                )
+
+    def _unexplained(self, call: int, graphs: int, failures_before: Mapping[Any, int]) -> None:
+        reasons = _new_guard_failures(failures_before) or ["(Dynamo gave no guard-failure reason)"]
+        message = (
+            f"ddpad: call {call} compiled {graphs} graph(s) although no cap changed; "
+            f"Dynamo's guard failure: {' | '.join(reasons)}. Something other than the "
+            "padded shapes varies between calls (dtype, device, requires_grad, a Python "
+            "argument, or an unpadded field)."
+        )
+        self.stats.unexplained.append(message)
+        if self.on_recompile == "raise":
+            raise RecompileError(message)
+        if self.on_recompile == "warn":
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    # -- caps -------------------------------------------------------------------
+
+    @property
+    def caps(self) -> dict[str, int]:
+        """The current caps (a copy)."""
+        return dict(self.cap_state)
+
+    def save_caps(self, path: str | os.PathLike[str]) -> None:
+        """Write the current caps to JSON for a warm restart (``caps=path``)."""
+        meta = {"adapter": self.adapter.name} if self.adapter is not None else {}
+        save_caps(self.cap_state, path, **meta)
+
+    def load_caps(self, source: Mapping[str, int] | str | os.PathLike[str]) -> None:
+        """Preset caps (they still grow if a real count overflows them)."""
+        self.cap_state.update(load_caps(source))
+
+
+def wrap(
+    model: torch.nn.Module,
+    adapter: Adapter | str,
+    *,
+    compile: bool = True,
+    padder: GraphPadder | None = None,
+    caps: Mapping[str, int] | str | os.PathLike[str] | None = None,
+    on_recompile: Literal["warn", "raise", "ignore"] = "warn",
+    shrink: ShrinkPolicy | None = None,
+    **compile_kwargs: Any,
+) -> PaddedModel:
+    """Wrap ``model`` so it always runs at fixed padded shapes.
+
+    Parameters
+    ----------
+    model
+        The model, called with its native input.
+    adapter
+        An :class:`~ddpad.adapters.Adapter` or a registered name (``"mace"``).
+    compile
+        Compile the model with ``torch.compile`` (``dynamic=False`` unless
+        given); ``backend``, ``mode``, ``fullgraph``, ``options`` pass through.
+    padder
+        Override the adapter's padder.
+    caps
+        Preset caps: a dict or a JSON file from :meth:`PaddedModel.save_caps`.
+    on_recompile
+        What to do when a graph compiles that no cap change explains:
+        ``"warn"`` (default), ``"raise"`` (:class:`RecompileError`), ``"ignore"``.
+    shrink
+        A :class:`ShrinkPolicy` to let caps shrink after long low fill; off by default.
+    """
+    if isinstance(adapter, str):
+        from ddpad import adapters
+
+        adapter = adapters.get(adapter)
+    model = adapter.prepare_model(model) if adapter.prepare_model is not None else model
+    return PaddedModel(
+        model,
+        padder if padder is not None else adapter.make_padder(model),
+        adapter=adapter,
+        pad_in_forward=adapter.pad_in_forward,
+        call=adapter.call,
+        compile=compile,
+        caps=caps,
+        on_recompile=on_recompile,
+        shrink=shrink,
+        **compile_kwargs,
+    )

@@ -1,0 +1,56 @@
+"""Test sessions, one environment per model package (mace-torch and
+fairchem-core pin incompatible e3nn versions and cannot share one).
+
+Run all: ``python -m pip install nox && python -m nox -f tests/noxfile.py``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import nox
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONSTRAINTS = str(ROOT / "tests" / "constraints.txt")
+
+nox.options.sessions = ["core", "aimnet2", "mace"]
+nox.options.reuse_existing_virtualenvs = False
+nox.options.error_on_missing_interpreters = True
+
+CORE_TESTS = [
+    "tests/test_capacity.py",
+    "tests/test_padders.py",
+    "tests/test_context.py",
+    "tests/test_registry.py",
+    "tests/test_packaging.py",
+    "tests/test_agreement.py",
+    "tests/test_runtime.py",
+]
+
+
+def _install(session: nox.Session, extra: str) -> None:
+    session.chdir(ROOT)
+    session.install("-c", CONSTRAINTS, "torch==2.13.0")
+    session.install("-c", CONSTRAINTS, "-e", f".[{extra}]")
+
+
+@nox.session(python="3.11")
+def core(session: nox.Session) -> None:
+    """The core library, no model package: capacity, padders, agreement, runtime, registry."""
+    _install(session, "test")
+    session.install("-c", CONSTRAINTS, "./tests/plugin_pkg")
+    session.run("python", "-m", "pytest", *CORE_TESTS, *session.posargs)
+
+
+@nox.session(python="3.11")
+def aimnet2(session: nox.Session) -> None:
+    """The AIMNet2 adapter against the aimnet package."""
+    _install(session, "aimnet2,test")
+    session.run("python", "-m", "pytest", "tests/test_aimnet2.py", "tests/test_registry.py", *session.posargs)
+
+
+@nox.session(python="3.11")
+def mace(session: nox.Session) -> None:
+    """The MACE adapter against mace-torch."""
+    _install(session, "mace,test")
+    session.run("python", "-m", "pytest", "tests/test_mace.py", "tests/test_registry.py", *session.posargs)

@@ -1,0 +1,71 @@
+"""A third-party adapter: a pairwise Morse potential on a COO graph.
+
+This is what a plugin looks like: the model package ships an ``Adapter`` and
+declares it under the ``ddpad.adapters`` entry-point group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ddpad import COOPadder
+from ddpad.adapters import Adapter
+
+
+class Morse(torch.nn.Module):
+    """Morse pair energy with a smooth cosine cutoff; forces by autograd."""
+
+    def __init__(self, cutoff: float = 3.0) -> None:
+        super().__init__()
+        self.cutoff = cutoff
+        self.depth = torch.nn.Parameter(torch.tensor(0.7, dtype=torch.float64))
+        self.shift = torch.nn.Parameter(torch.tensor(-0.3, dtype=torch.float64))
+
+    def forward(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        pos = data["pos"]
+        if not pos.requires_grad:
+            pos.requires_grad_(True)
+        src, dst = data["edge_index"]
+        r = (pos[dst] - pos[src]).norm(dim=-1)
+        env = torch.where(r < self.cutoff, 0.5 * (torch.cos(torch.pi * r / self.cutoff) + 1), 0.0)
+        pair = self.depth * ((1 - torch.exp(-(r - 1.2))) ** 2 - 1) * env
+        atom_e = torch.zeros_like(pos[:, 0]).index_add(0, dst, 0.5 * pair) + self.shift
+        n_sys = data["ptr"].shape[0] - 1
+        energy = torch.zeros(n_sys, dtype=pos.dtype).index_add(0, data["batch"], atom_e)
+        (grad,) = torch.autograd.grad(energy.sum(), pos, create_graph=self.training)
+        return {"energy": energy, "forces": -grad, "atom_energy": atom_e}
+
+
+def _padder(model: torch.nn.Module) -> COOPadder:
+    return COOPadder(
+        model.cutoff, positions="pos", atom_outputs=("forces", "atom_energy"),
+        system_outputs=("energy",),
+    )
+
+
+def _build_input(model: torch.nn.Module, atoms: Any, **_: Any) -> dict[str, torch.Tensor]:
+    """Non-periodic graph of one ``ase.Atoms``-like object (all pairs within the cutoff)."""
+    pos = torch.as_tensor(atoms.get_positions(), dtype=torch.float64)
+    dist = torch.cdist(pos, pos)
+    src, dst = torch.nonzero((dist < model.cutoff) & (dist > 0), as_tuple=True)
+    n = pos.shape[0]
+    return {
+        "pos": pos,
+        "edge_index": torch.stack([src, dst]),
+        "batch": torch.zeros(n, dtype=torch.long),
+        "ptr": torch.tensor([0, n]),
+    }
+
+
+ADAPTER = Adapter(
+    name="toy",
+    make_padder=_padder,
+    energy_key="energy",
+    atom_outputs=("forces", "atom_energy"),
+    system_outputs=("energy",),
+    cutoff=lambda model: float(model.cutoff),
+    build_input=_build_input,
+    install_hint="pip install ./tests/plugin_pkg",
+)

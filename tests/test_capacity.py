@@ -1,0 +1,110 @@
+"""resolve_cap / resolve_caps: SPEC section 2 formula, reference values, validation."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import ddpad
+from ddpad import CapPolicy, record_resolutions, resolve_cap, resolve_caps
+
+
+def test_reference_values_atoms_sequence() -> None:
+    state: dict[str, int] = {}
+    kw = dict(initial_factor=1.15, strict_gt=False)
+    assert resolve_cap(state, "atoms", 100, **kw) == 128
+    for real in range(101, 128):
+        assert resolve_cap(state, "atoms", real, **kw) == 128
+    assert resolve_cap(state, "atoms", 128, **kw) == 176
+    assert state == {"atoms": 176}
+
+
+@pytest.mark.parametrize(
+    ("real", "factor", "stride", "expected"),
+    [(100, 1.35, 16, 144), (1000, 1.15, 64, 1152), (5000, 1.15, 1024, 6144), (0, 1.15, 16, 16)],
+)
+def test_reference_values_first_sight(real: int, factor: float, stride: int, expected: int) -> None:
+    assert resolve_cap({}, "k", real, initial_factor=factor, stride=stride) == expected
+
+
+def test_overflow_grow_reference() -> None:
+    state = {"edges": 192}
+    assert resolve_cap(state, "edges", 200, initial_factor=1.35) == 272
+
+
+def test_grow_only_never_shrinks() -> None:
+    state: dict[str, int] = {}
+    caps = [resolve_cap(state, "e", r, initial_factor=1.35) for r in (500, 10, 0, 400, 700, 3)]
+    assert caps == sorted(caps)
+    assert caps[1:3] == [caps[0], caps[0]]
+
+
+def test_strict_gt_both_ways() -> None:
+    strict = {"k": 128}
+    assert resolve_cap(strict, "k", 128, initial_factor=1.15, strict_gt=True) == 128
+    assert resolve_cap(strict, "k", 129, initial_factor=1.15, strict_gt=True) == 176
+    loose = {"k": 128}
+    assert resolve_cap(loose, "k", 127, initial_factor=1.15, strict_gt=False) == 128
+    assert resolve_cap(loose, "k", 128, initial_factor=1.15, strict_gt=False) == 176
+
+
+def test_extra_reserves_slots() -> None:
+    assert resolve_cap({}, "a", 126, initial_factor=1.0, extra=2) == 144  # need 128 -> 129 -> 144
+    state = {"a": 128}
+    assert resolve_cap(state, "a", 126, initial_factor=1.15, extra=2) == 128  # 128 > 128 is false
+    assert resolve_cap(state, "a", 127, initial_factor=1.15, extra=2) == 176
+
+
+def test_grow_at_least_one_stride() -> None:
+    state = {"k": 0}
+    assert resolve_cap(state, "k", 1, initial_factor=1.0, grow_factor=1.0, stride=16) == 16
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        (dict(real=-1), "real"),
+        (dict(real=3.0), "real"),
+        (dict(real=True), "real"),
+        (dict(real="7"), "real"),
+        (dict(extra=-2), "extra"),
+        (dict(extra=1.5), "extra"),
+        (dict(stride=0), "stride"),
+        (dict(stride=2.5), "stride"),
+        (dict(initial_factor=0.9), "initial_factor"),
+        (dict(grow_factor=0.99), "grow_factor"),
+        (dict(initial_factor=float("nan")), "initial_factor"),
+    ],
+)
+def test_bad_arguments_name_themselves(kwargs: dict, name: str) -> None:
+    args = dict(real=10, initial_factor=1.15)
+    args.update(kwargs)
+    real = args.pop("real")
+    with pytest.raises(ValueError, match=name):
+        resolve_cap({}, "k", real, **args)
+
+
+def test_numpy_and_tensor_ints_are_counts() -> None:
+    import numpy as np
+    import torch
+
+    assert resolve_cap({}, "k", np.int64(100), initial_factor=1.35) == 144
+    assert resolve_cap({}, "k", torch.tensor(100), initial_factor=1.35) == 144
+
+
+def test_resolve_caps_many_keys_and_records(caplog: pytest.LogCaptureFixture) -> None:
+    state = {"edges": 2800}
+    policies = {"atoms": CapPolicy(1.15, strict_gt=False), "edges": CapPolicy(1.35)}
+    with record_resolutions() as res, caplog.at_level(logging.INFO, logger="ddpad"):
+        caps = resolve_caps(state, {"atoms": (100, policies["atoms"]), "edges": (2818, policies["edges"])})
+    assert caps == {"atoms": 128, "edges": 3664}
+    assert [(r.key, r.old_cap, r.cap, r.grew) for r in res] == [
+        ("atoms", None, 128, True), ("edges", 2800, 3664, True)]
+    assert "edges 2818 > cap 2800: grow to 3664, expect one recompile" in caplog.text
+
+
+def test_no_agreement_without_process_group() -> None:
+    with ddpad.cap_agreement_group(None, "cpu") as agreement:
+        assert agreement is None
+        assert resolve_cap({}, "k", 100, initial_factor=1.35) == 144

@@ -1,0 +1,36 @@
+"""The built wheel ships every adapter subpackage and py.typed."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_wheel_contains_every_adapter(tmp_path: pathlib.Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
+        check=True, capture_output=True, text=True,
+    )
+    (wheel,) = tmp_path.glob("ddpad-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    packages = {str(pathlib.PurePosixPath(n).parent) for n in names if n.endswith("__init__.py")}
+    on_disk = {p.parent.name for p in (ROOT / "adapters").glob("*/__init__.py")}
+    assert on_disk, "no adapter subpackages found"
+    for name in on_disk:
+        assert f"ddpad/adapters/{name}" in packages, f"adapters/{name} missing from the wheel"
+    assert "ddpad/py.typed" in names
+    assert not any(n.startswith(("ddpad_core/", "adapters/")) for n in names)
+
+
+def test_import_name_is_ddpad_only() -> None:
+    import ddpad
+
+    assert pathlib.Path(ddpad.__file__).parent.name == "ddpad_core"  # the folder, reached as `ddpad`
+    assert "ddpad_core" not in sys.modules and "adapters" not in sys.modules

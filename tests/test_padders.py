@@ -1,0 +1,279 @@
+"""Built-in padders: property-based checks over random graphs (SPEC sections 5-6)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ddpad import COOPadder, DenseBatchPadder, DensePadder, Fill, GraphPadder
+
+CUTOFF = 2.5
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def coo_graphs(draw: st.DrawFn) -> dict[str, torch.Tensor]:
+    """A random batched COO graph: S systems, some sentinel edges."""
+    sizes = draw(st.lists(st.integers(1, 12), min_size=1, max_size=4))
+    n = sum(sizes)
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    e = draw(st.integers(0, 80))
+    n_sentinel = draw(st.integers(0, 4))
+    edge_index = torch.randint(0, n, (2, e), generator=gen)
+    if n_sentinel and e:  # the reference marks invalid edges by an endpoint >= n_real
+        rows = torch.randint(0, 2, (n_sentinel,), generator=gen)
+        cols = torch.randint(0, e, (n_sentinel,), generator=gen)
+        edge_index[rows, cols] = n + torch.randint(0, 3, (n_sentinel,), generator=gen)
+    counts = torch.tensor(sizes)
+    unit = torch.randint(-1, 2, (e, 3), generator=gen).double()
+    cell = torch.randn(len(sizes) * 3, 3, generator=gen, dtype=torch.float64) * 4
+    batch = torch.repeat_interleave(torch.arange(len(sizes)), counts)
+    return {
+        "positions": torch.randn(n, 3, generator=gen, dtype=torch.float64) * 5,
+        "node_attrs": torch.nn.functional.one_hot(torch.randint(0, 3, (n,), generator=gen), 3).double(),
+        "batch": batch,
+        "ptr": torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]),
+        "edge_index": edge_index,
+        "unit_shifts": unit,
+        "shifts": torch.einsum("ec,ecd->ed", unit, cell.view(-1, 3, 3)[batch[edge_index[0].clamp(max=n - 1)]]),
+        "cell": cell,
+        "head": torch.zeros(len(sizes), dtype=torch.long),
+    }
+
+
+def mace_like(placement: str = "own", **kw: object) -> COOPadder:
+    return COOPadder(
+        CUTOFF,
+        atom_fields={"node_attrs": 0.0},
+        edge_fields={"shifts": Fill.DEAD_SHIFT, "unit_shifts": Fill.DEAD_UNIT_SHIFT},
+        system_fields={"cell": Fill.DEAD_CELL, "head": 0},
+        placement=placement,  # type: ignore[arg-type]
+        atom_outputs=("forces", "node_energy"),
+        system_outputs=("energy", "stress"),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def edge_vectors(out: dict[str, torch.Tensor], self_loop: bool = True) -> torch.Tensor:
+    s, r = out["edge_index"]
+    vec = out["positions"][r] - out["positions"][s]
+    return vec + out["shifts"] if self_loop else vec
+
+
+def check_coo(data: dict[str, torch.Tensor], out: dict[str, torch.Tensor], padder: COOPadder, placement: str) -> None:
+    n, e, s = data["positions"].shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
+    n_cap, e_cap = out["positions"].shape[0], out["edge_index"].shape[1]
+    s_cap = out["ptr"].shape[0] - 1
+    assert n_cap > n and e_cap >= e and s_cap >= s + (placement == "own")
+    # real rows unchanged
+    for key in ("positions", "node_attrs", "batch"):
+        assert torch.equal(out[key][:n], data[key])
+    assert torch.equal(out["cell"][: 3 * s], data["cell"]) and torch.equal(out["head"][:s], data["head"])
+    invalid = (data["edge_index"] >= n).any(0)
+    assert torch.equal(out["edge_index"][:, :e][:, ~invalid], data["edge_index"][:, ~invalid])
+    assert torch.equal(out["shifts"][:e][~invalid], data["shifts"][~invalid])
+    # every dead or invalid edge: a dead atom, non-zero length beyond the cutoff
+    dead_edges = torch.ones(e_cap, dtype=torch.bool)
+    dead_edges[:e] = invalid
+    ends = out["edge_index"][:, dead_edges]
+    assert bool((ends >= n).all())
+    lengths = edge_vectors(out).norm(dim=-1)[dead_edges]
+    assert bool((lengths > CUTOFF).all())
+    # the lattice shift reproduces the dead edge through the dead system's cell
+    cells = out["cell"].view(-1, 3, 3)[out["batch"][out["edge_index"][0]]]
+    recomputed = torch.einsum("ec,ecd->ed", out["unit_shifts"], cells)
+    assert torch.allclose(recomputed[dead_edges], out["shifts"][dead_edges])
+    # dead atoms out of every real atom's cutoff, in the dead atoms' system
+    if n:
+        dist = torch.cdist(out["positions"][n:], data["positions"])
+        assert bool((dist > CUTOFF).all())
+    dead_sys = s_cap - 1 if placement == "own" else s - 1
+    assert bool((out["batch"][n:] == dead_sys).all())
+    counts = torch.bincount(out["batch"], minlength=s_cap)
+    assert torch.equal(out["ptr"][1:] - out["ptr"][:-1], counts)
+    if placement == "own":
+        eye = torch.eye(3, dtype=torch.float64) * padder.dead_length
+        assert torch.equal(out["cell"][3 * s :].view(-1, 3, 3), eye.expand(s_cap - s, 3, 3))
+    assert not any(bool(torch.isnan(v).any()) for v in out.values() if v.is_floating_point())
+
+
+@SETTINGS
+@given(graphs=st.lists(coo_graphs(), min_size=1, max_size=4), placement=st.sampled_from(["own", "join"]))
+def test_coo_padder_properties(graphs: list[dict[str, torch.Tensor]], placement: str) -> None:
+    padder = mace_like(placement)
+    assert isinstance(padder, GraphPadder)
+    state: dict[str, int] = {}
+    previous: dict[str, int] = {}
+    for data in graphs:
+        snapshot = {k: v.clone() for k, v in data.items()}
+        out = padder.pad(data, state)
+        assert all(torch.equal(data[k], snapshot[k]) for k in data)  # input untouched
+        check_coo(data, out, padder, placement)
+        assert all(state[k] >= previous.get(k, 0) for k in state)  # grow only
+        previous = dict(state)
+        n, s = data["positions"].shape[0], data["ptr"].shape[0] - 1
+        model_out = {
+            "forces": out["positions"] * 2, "node_energy": out["positions"][:, 0],
+            "energy": torch.arange(out["ptr"].shape[0] - 1.0), "stress": torch.ones(out["ptr"].shape[0] - 1, 3, 3),
+            "other": torch.ones(7),
+        }
+        back = padder.unpad(model_out)
+        assert torch.equal(back["forces"], data["positions"] * 2)
+        assert torch.equal(back["node_energy"], data["positions"][:, 0])
+        assert back["energy"].shape == (s,) and back["stress"].shape == (s, 3, 3)
+        assert back["other"] is model_out["other"]
+        assert padder.unpad(out["positions"], n_real=3).shape == (min(3, out["positions"].shape[0]), 3)
+        assert n == padder.n_atoms
+
+
+@SETTINGS
+@given(data=coo_graphs(), layout=st.sampled_from(["2E", "E2"]))
+def test_coo_anchor_pair_without_shifts(data: dict[str, torch.Tensor], layout: str) -> None:
+    """No shift field: dead edges join an anchor pair dead_length apart."""
+    ei = data["edge_index"] if layout == "2E" else data["edge_index"].t().contiguous()
+    inp = {"positions": data["positions"], "edge_index": ei, "batch": data["batch"], "ptr": data["ptr"]}
+    padder = COOPadder(CUTOFF, edge_layout=layout)  # type: ignore[arg-type]
+    out = padder.pad(inp, {})
+    n, e = data["positions"].shape[0], data["edge_index"].shape[1]
+    n_cap = out["positions"].shape[0]
+    assert n_cap - n >= 2
+    ei_out = out["edge_index"] if layout == "2E" else out["edge_index"].t()
+    dead = torch.ones(ei_out.shape[1], dtype=torch.bool)
+    dead[:e] = (data["edge_index"] >= n).any(0)
+    assert bool((ei_out[0, dead] == n_cap - 2).all()) and bool((ei_out[1, dead] == n_cap - 1).all())
+    vec = out["positions"][ei_out[1]] - out["positions"][ei_out[0]]
+    assert bool((vec[dead].norm(dim=-1) > CUTOFF).all())
+
+
+def test_coo_none_is_noop_and_overflow_names_key() -> None:
+    padder = mace_like()
+    assert padder.pad(None, {}) is None
+    data = {
+        "positions": torch.zeros(20, 3, dtype=torch.float64), "node_attrs": torch.zeros(20, 3),
+        "batch": torch.zeros(20, dtype=torch.long), "ptr": torch.tensor([0, 20]),
+        "edge_index": torch.zeros(2, 40, dtype=torch.long), "shifts": torch.ones(40, 3),
+        "unit_shifts": torch.zeros(40, 3), "cell": torch.eye(3), "head": torch.zeros(1, dtype=torch.long),
+    }
+    with pytest.raises(RuntimeError, match=r"'edges'.*real 40.*cap 32"):
+        padder.pad_to(data, {"atoms": 32, "edges": 32, "systems": 4})
+    with pytest.raises(RuntimeError, match=r"'atoms'.*real 20.*cap 20"):
+        padder.pad_to(data, {"atoms": 20, "edges": 64, "systems": 4})
+
+
+def test_coo_cap_atoms_false_pads_only_edges() -> None:
+    padder = mace_like()
+    data = {
+        "positions": torch.randn(10, 3, dtype=torch.float64), "batch": torch.zeros(10, dtype=torch.long),
+        "ptr": torch.tensor([0, 10]), "edge_index": torch.randint(0, 10, (2, 30)),
+        "shifts": torch.zeros(30, 3), "unit_shifts": torch.zeros(30, 3), "cell": torch.eye(3),
+    }
+    state: dict[str, int] = {}
+    out = padder.pad(data, state, cap_atoms=False)
+    assert out["positions"].shape[0] == 11 and "atoms" not in state and state["edges"] == 48
+
+
+def test_coo_buffers_are_reused_until_a_cap_grows() -> None:
+    padder = mace_like()
+    state: dict[str, int] = {}
+
+    def graph(n: int, e: int) -> dict[str, torch.Tensor]:
+        return {
+            "positions": torch.randn(n, 3, dtype=torch.float64), "batch": torch.zeros(n, dtype=torch.long),
+            "ptr": torch.tensor([0, n]), "edge_index": torch.randint(0, n, (2, e)),
+            "shifts": torch.zeros(e, 3), "unit_shifts": torch.zeros(e, 3), "cell": torch.eye(3),
+        }
+
+    first = padder.pad(graph(50, 200), state)
+    ptrs = {k: v.data_ptr() for k, v in first.items() if k != "ptr" or True}
+    second = padder.pad(graph(48, 190), state)
+    assert {k: v.data_ptr() for k, v in second.items()} == ptrs
+    grown = padder.pad(graph(50, 400), state)
+    assert grown["edge_index"].data_ptr() != ptrs["edge_index"]
+    assert grown["positions"].data_ptr() == ptrs["positions"]
+
+
+@st.composite
+def dense_graphs(draw: st.DrawFn, sentinel_row: bool) -> dict[str, torch.Tensor]:
+    sizes = draw(st.lists(st.integers(1, 10), min_size=1, max_size=3))
+    n = sum(sizes)
+    k = draw(st.integers(1, 12))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    rows = n + 1 if sentinel_row else n
+    nbmat = torch.randint(0, n + 1, (rows, k), generator=gen)  # n is the sentinel
+    if sentinel_row:
+        nbmat[n] = n
+    mol = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    return {
+        "coord": torch.randn(rows, 3, generator=gen),
+        "numbers": torch.randint(1, 9, (rows,), generator=gen),
+        "mol_idx": torch.cat([mol, mol[-1:]]) if sentinel_row else mol,
+        "charge": torch.randn(len(sizes), generator=gen),
+        "nbmat": nbmat,
+        "shifts": torch.randn(rows, k, 3, generator=gen),
+    }
+
+
+def dense_padder(cls: type[DensePadder], placement: str) -> DensePadder:
+    return cls(
+        nbmat=("nbmat",),
+        atom_fields={"coord": 0.0, "numbers": 0, "mol_idx": Fill.LAST_SYSTEM},
+        system_fields={"charge": 0.0},
+        neighbor_fields={"shifts": ("nbmat", 0.0)},
+        system_count="charge",
+        placement=placement,  # type: ignore[arg-type]
+        atom_outputs=("forces", "charges"),
+        system_outputs=("energy",),
+    )
+
+
+@SETTINGS
+@given(
+    graphs=st.lists(st.booleans(), min_size=1, max_size=3).flatmap(
+        lambda _: st.tuples(st.sampled_from([DensePadder, DenseBatchPadder]), st.sampled_from(["own", "join"]))
+    ).flatmap(lambda cp: st.tuples(st.just(cp), st.lists(dense_graphs(cp[0] is DensePadder), min_size=1, max_size=3)))
+)
+def test_dense_padder_properties(graphs: tuple) -> None:
+    (cls, placement), datas = graphs
+    padder = dense_padder(cls, placement)
+    state: dict[str, int] = {}
+    previous: dict[str, int] = {}
+    for data in datas:
+        rows = data["nbmat"].shape[0]
+        n = rows - 1 if cls is DensePadder else rows
+        s = data["charge"].shape[0]
+        out = padder.pad(data, state)
+        n_cap, k_cap = out["nbmat"].shape
+        pad_index = n_cap - 1 if cls is DensePadder else n_cap
+        assert n_cap >= n + (cls is DensePadder) and k_cap >= data["nbmat"].shape[1]
+        assert torch.equal(out["coord"][:n], data["coord"][:n])
+        assert torch.equal(out["numbers"][:n], data["numbers"][:n]) and bool((out["numbers"][n:] == 0).all())
+        sentinel = data["nbmat"][:n] >= n
+        k = data["nbmat"].shape[1]
+        assert torch.equal(out["nbmat"][:n, :k][~sentinel], data["nbmat"][:n][~sentinel])
+        assert bool((out["nbmat"][:n, :k][sentinel] == pad_index).all())
+        assert bool((out["nbmat"][:n, k:] == pad_index).all()) and bool((out["nbmat"][n:] == pad_index).all())
+        assert bool((out["shifts"][:n, :k][sentinel] == 0).all())
+        assert torch.equal(out["shifts"][:n, :k][~sentinel], data["shifts"][:n][~sentinel])
+        dead_sys = out["charge"].shape[0] - 1 if placement == "own" else s - 1
+        assert bool((out["mol_idx"][n:] == dead_sys).all())
+        assert torch.equal(out["charge"][:s], data["charge"])
+        assert bool((out["charge"][s:] == 0).all())
+        assert all(state[key] >= previous.get(key, 0) for key in state)
+        previous = dict(state)
+        back = padder.unpad({"forces": torch.ones(n_cap, 3), "energy": torch.ones(out["charge"].shape[0])})
+        assert back["forces"].shape == (n, 3) and back["energy"].shape == (s,)
+
+
+def test_dense_second_matrix_gets_its_own_width_cap() -> None:
+    padder = DenseBatchPadder(nbmat=("nbmat", "nbmat_lr"), atom_fields={"numbers": 0}, system_count="charge")
+    data = {
+        "numbers": torch.ones(5, dtype=torch.long), "charge": torch.zeros(1),
+        "nbmat": torch.full((5, 3), 5), "nbmat_lr": torch.full((5, 9), 5),
+    }
+    state: dict[str, int] = {}
+    out = padder.pad(data, state)
+    assert state["neighbors"] == 8 and state["neighbors_nbmat_lr"] == 16
+    assert out["nbmat_lr"].shape == (16, 16)
+    assert bool((out["nbmat_lr"] == 16).all())

@@ -1,0 +1,126 @@
+"""Adapter registry: lazy listing, errors, plugins (SPEC section 8)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import ddpad
+import ddpad.adapters as adapters
+from ddpad.adapters import Adapter, AdapterNotFound, AdapterUnavailable
+
+HAS_PLUGIN = importlib.util.find_spec("ddpad_toy_plugin") is not None
+needs_plugin = pytest.mark.skipif(not HAS_PLUGIN, reason="tests/plugin_pkg not installed (nox session core installs it)")
+
+MODEL_PACKAGES = ("mace", "e3nn", "fairchem", "aimnet", "ase", "ddpad_toy_plugin")
+
+
+def test_listing_is_lazy() -> None:
+    code = (
+        "import sys, json, ddpad, ddpad.adapters as a\n"
+        "names = a.available()\n"
+        f"heavy = [m for m in sys.modules if m.split('.')[0] in {MODEL_PACKAGES!r}]\n"
+        "print(json.dumps({'names': names, 'heavy': heavy}))\n"
+    )
+    res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert {"mace", "uma", "aimnet2"} <= set(doc["names"])
+    assert doc["heavy"] == []
+
+
+def test_unknown_name_lists_known() -> None:
+    with pytest.raises(AdapterNotFound, match=r"unknown ddpad adapter 'nope'; known adapters: .*aimnet2.*mace.*uma"):
+        adapters.get("nope")
+
+
+@pytest.mark.parametrize("name", ["mace", "uma", "aimnet2"])
+def test_builtin_missing_package_names_the_extra(name: str) -> None:
+    try:
+        adapters.get(name)
+    except AdapterUnavailable as exc:
+        message = str(exc)
+        assert (f"pip install 'ddpad[{name}]'" in message) or "not implemented" in message
+    # installed (in that adapter's own environment): get() works and is cached
+    else:
+        assert adapters.get(name) is adapters.get(name)
+
+
+def _toy_adapter(name: str) -> Adapter:
+    return Adapter(
+        name=name, make_padder=lambda m: ddpad.COOPadder(1.0), energy_key="energy", atom_outputs=("forces",),
+        cutoff=lambda m: 1.0, build_input=lambda m, atoms: atoms, install_hint="(in-process)",
+    )
+
+
+def test_register_in_process() -> None:
+    adapters.register(_toy_adapter("inproc"))
+    assert "inproc" in adapters.available()
+    assert adapters.get("inproc").name == "inproc"
+    with pytest.raises(ValueError, match="already registered"):
+        adapters.register(_toy_adapter("inproc"))
+    adapters.register(_toy_adapter("inproc"), replace_existing=True)
+    with pytest.raises(ValueError, match="built-in"):
+        adapters.register(_toy_adapter("mace"))
+    with pytest.raises(TypeError, match="Adapter"):
+        adapters.register("inproc")  # type: ignore[arg-type]
+
+
+@needs_plugin
+def test_plugin_is_listed_and_loaded() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        names = adapters.available()
+    assert "toy" in names and "broken" in names
+    assert any("clashes with the built-in" in str(w.message) for w in caught)
+    toy = adapters.get("toy")
+    assert toy.name == "toy" and toy.energy_key == "energy"
+    assert adapters.get("toy") is toy
+
+
+@needs_plugin
+def test_broken_plugin_is_reported_not_fatal() -> None:
+    assert "broken" in adapters.available()
+    with pytest.raises(AdapterUnavailable, match="'broken'.*failed to import.*broken on purpose"):
+        adapters.get("broken")
+    info = adapters.status("broken")
+    assert info["ok"] is False and "broken on purpose" in info["error"]
+    assert adapters.status("toy")["ok"] is True
+
+
+@needs_plugin
+def test_clashing_plugin_loses_to_builtin() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            got = adapters.get("mace")
+        except AdapterUnavailable as exc:  # the built-in (or its install hint), never the plugin
+            assert "ddpad[mace]" in str(exc) or "not implemented" in str(exc)
+        else:
+            assert got.install_hint == "pip install 'ddpad[mace]'"
+
+
+@needs_plugin
+def test_plugin_adapter_wraps_its_model() -> None:
+    from ddpad_toy_plugin import Morse
+
+    model = Morse()
+    wrapped = ddpad.wrap(model, "toy", compile=False)
+    pos = torch.rand(12, 3, dtype=torch.float64) * 3
+
+    class Atoms:
+        def get_positions(self) -> torch.Tensor:
+            return pos.numpy()
+
+    data = adapters.get("toy").build_input(model, Atoms())
+    ref = model({k: v.clone() for k, v in data.items()})
+    out = wrapped(data)
+    assert out.keys() == ref.keys()
+    for key in ref:
+        assert out[key].shape == ref[key].shape
+        torch.testing.assert_close(out[key], ref[key], rtol=0, atol=1e-12)

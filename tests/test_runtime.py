@@ -1,0 +1,220 @@
+"""The fixed-shape compiled forward (issue: pad, compile, unpad, restore)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import warnings
+
+import pytest
+import torch
+
+import ddpad
+from _mpnn import CUTOFF, MPNN, trajectory
+from ddpad import COOPadder, Fill, PaddedModel, RecompileError, ShrinkPolicy
+
+KEYS = ("energy", "node_energy", "forces", "stress")
+
+
+def padder() -> COOPadder:
+    return COOPadder(
+        CUTOFF,
+        atom_fields={"node_attrs": 0.0},
+        edge_fields={"unit_shifts": Fill.DEAD_UNIT_SHIFT},
+        system_fields={"cell": Fill.DEAD_CELL},
+        atom_outputs=("forces", "node_energy"),
+        system_outputs=("energy", "stress"),
+    )
+
+
+def padded_model(model: torch.nn.Module, **kw: object) -> PaddedModel:
+    # unit_shifts are the only shift field: self-loop made from DEAD_UNIT_SHIFT needs DEAD_SHIFT;
+    # this model recomputes shifts from unit_shifts, so the anchor pair is used.
+    return PaddedModel(model, padder(), **kw)  # type: ignore[arg-type]
+
+
+def assert_same(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], atol: float = 1e-10) -> None:
+    assert out.keys() == ref.keys()
+    for key in ref:
+        assert out[key].shape == ref[key].shape and out[key].dtype == ref[key].dtype, key
+        torch.testing.assert_close(out[key], ref[key], rtol=0, atol=atol, msg=key)
+
+
+def check_compiles(model: PaddedModel) -> None:
+    stats = model.stats
+    growth_calls = {e.call for e in stats.growths}
+    assert stats.max_graphs_per_frame == 1 + len(growth_calls)
+    assert set(stats.graphs_by_call) <= {0} | growth_calls  # nothing compiles without a growth
+    assert stats.unexplained == []
+
+
+@pytest.mark.parametrize("n_systems", [1, (2, 4)], ids=["one-system", "2-4-systems"])
+def test_200_steps_exact_and_one_graph_per_growth(n_systems: int | tuple[int, int]) -> None:
+    model = MPNN()
+    wrapped = padded_model(model, backend="aot_eager", on_recompile="raise")
+    steps = trajectory(200, n_systems, seed=1)
+    n_atoms = [d["positions"].shape[0] for d in steps]
+    n_edges = [d["edge_index"].shape[1] for d in steps]
+    assert max(n_atoms) / min(n_atoms) > 1.1 and max(n_edges) / min(n_edges) > 1.25
+    for data in steps:
+        ref = model({k: v.clone() for k, v in data.items()})
+        assert_same(wrapped(data), ref)
+    check_compiles(wrapped)
+    assert wrapped.stats.calls == 200 and 0 < len(wrapped.stats.growths) < 10
+    assert set(wrapped.stats.fill) == {"atoms", "edges", "systems"}
+    assert all(0 < f <= 1 for f in wrapped.stats.fill.values())
+    assert wrapped.stats.pad_seconds > 0
+
+
+def test_call_options_pass_through_and_growth_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    model = MPNN()
+    wrapped = padded_model(model, compile=False)
+    small, big = trajectory(1, 1, seed=2, n0=20)[0], trajectory(1, 3, seed=3, n0=60)[0]
+    with caplog.at_level(logging.INFO, logger="ddpad"):
+        wrapped(small)
+        out = wrapped(big, compute_stress=False)
+    assert "stress" not in out
+    assert_same(out, model({k: v.clone() for k, v in big.items()}, compute_stress=False))
+    assert "atoms" in caplog.text and "expect one recompile" in caplog.text
+    event = wrapped.stats.growths[0]
+    assert event.call == 1 and event.new > event.old and event.real <= event.new
+
+
+def test_strict_mode_names_an_unexplained_recompile() -> None:
+    model = MPNN()
+    wrapped = padded_model(model, backend="eager", on_recompile="raise")
+    data = trajectory(1, 1, seed=4)[0]
+    wrapped(data)
+    wrapped(data)
+    as_float = dict(data, node_attrs=data["node_attrs"].float().double().requires_grad_(True))
+    with pytest.raises(RecompileError, match="no cap changed.*requires_grad|no cap changed.*node_attrs"):
+        wrapped(as_float)
+
+
+def test_default_mode_warns() -> None:
+    wrapped = padded_model(MPNN(), backend="eager")
+    data = trajectory(1, 1, seed=4)[0]
+    wrapped(data)
+    with pytest.warns(RuntimeWarning, match="no cap changed"):
+        wrapped(data, compute_stress=False)
+
+
+def test_saved_caps_round_trip_compiles_once(tmp_path: pathlib.Path) -> None:
+    model = MPNN()
+    steps = trajectory(15, 1, seed=5, n0=30) + trajectory(15, (2, 3), seed=5)
+    first = padded_model(model, backend="eager")
+    for data in steps:
+        first(data)
+    assert first.stats.growths  # the cold run grew
+    path = tmp_path / "caps.json"
+    first.save_caps(path)
+    doc = json.loads(path.read_text())
+    assert doc["caps"] == first.caps and doc["format"] == "ddpad-caps/1"
+
+    warm = padded_model(model, backend="eager", caps=path, on_recompile="raise")
+    for data in steps:
+        warm(data)
+    assert warm.stats.growths == [] and set(warm.stats.graphs_by_call) == {0}
+    assert warm.caps == first.caps
+    with pytest.raises(ValueError, match="positive integer"):
+        padded_model(model, caps={"atoms": 0})
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a ddpad caps file"):
+        padded_model(model, caps=tmp_path / "bad.json")
+
+
+def test_steady_state_reuses_padding_buffers() -> None:
+    model = MPNN()
+    seen: list[dict[str, int]] = []
+
+    class Spy(torch.nn.Module):
+        def forward(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            seen.append({k: v.data_ptr() for k, v in data.items() if v.numel() >= 16})
+            return model(data)
+
+    wrapped = padded_model(Spy(), compile=False, caps={"atoms": 64, "edges": 4096, "systems": 4})
+    for data in trajectory(10, 1, seed=6):
+        wrapped(data)
+    assert wrapped.stats.growths == []
+    assert all(ptrs == seen[0] for ptrs in seen[1:])
+    assert {"positions", "edge_index", "node_attrs", "unit_shifts", "batch"} <= set(seen[0])
+
+
+def test_gradients_reach_a_caller_tensor_that_requires_grad() -> None:
+    model = MPNN()
+    wrapped = padded_model(model, compile=False)
+    data = trajectory(1, 1, seed=7)[0]
+    attrs = data["node_attrs"].clone().requires_grad_(True)
+    out = wrapped(dict(data, node_attrs=attrs))
+    out["energy"].sum().backward()
+    ref_attrs = data["node_attrs"].clone().requires_grad_(True)
+    model(dict(data, node_attrs=ref_attrs))["energy"].sum().backward()
+    torch.testing.assert_close(attrs.grad, ref_attrs.grad, rtol=0, atol=1e-10)
+
+
+def test_restore_runs_when_the_model_raises() -> None:
+    class Boom(torch.nn.Module):
+        def forward(self, data: dict[str, torch.Tensor]) -> None:
+            data["positions"].requires_grad_(True)
+            raise RuntimeError("model failed")
+
+    p = padder()
+    wrapped = PaddedModel(Boom(), p, compile=False)
+    with pytest.raises(RuntimeError, match="model failed"):
+        wrapped(trajectory(1, 1, seed=8)[0])
+    assert not any(buf.requires_grad for buf in p._buffers.values())
+
+
+def test_shrink_after_long_low_fill_then_recompile_is_explained() -> None:
+    model = MPNN()
+    big = trajectory(1, 4, seed=9, n0=60)[0]
+    small = trajectory(12, 1, seed=10, n0=20)
+    wrapped = padded_model(model, backend="eager", on_recompile="raise", shrink=ShrinkPolicy(below=0.5, after=5))
+    wrapped(big)
+    caps_big = wrapped.caps
+    for data in small:
+        assert_same(wrapped(data), model({k: v.clone() for k, v in data.items()}))
+    assert wrapped.stats.shrinks and all(e.new < e.old for e in wrapped.stats.shrinks)
+    assert wrapped.caps["atoms"] < caps_big["atoms"] and wrapped.caps["edges"] < caps_big["edges"]
+    assert wrapped.stats.unexplained == []
+    with pytest.raises(ValueError, match="below"):
+        ShrinkPolicy(below=1.5)
+
+
+def test_wrap_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="on_recompile"):
+        padded_model(MPNN(), on_recompile="explode")
+    with pytest.raises(TypeError, match="GraphPadder"):
+        PaddedModel(MPNN(), object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="compile=False"):
+        padded_model(MPNN(), compile=False, backend="eager")
+
+
+@pytest.mark.slow
+def test_inductor_short_run_one_graph_per_frame() -> None:
+    model = MPNN(width=8)
+    steps = trajectory(12, 1, seed=11, n0=24)
+    wrapped = padded_model(model, backend="inductor", on_recompile="raise",
+                           caps={"atoms": 48, "edges": 2048, "systems": 4})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for data in steps:
+            assert_same(wrapped(data), model({k: v.clone() for k, v in data.items()}), atol=1e-9)
+    assert set(wrapped.stats.graphs_by_call) == {0} and wrapped.stats.max_graphs_per_frame == 1
+    assert wrapped.stats.growths == []
+
+
+def test_public_wrap_with_adapter_object() -> None:
+    from ddpad.adapters import Adapter
+
+    adapter = Adapter(
+        name="mpnn", make_padder=lambda m: padder(), energy_key="energy", atom_outputs=("forces", "node_energy"),
+        system_outputs=("energy", "stress"), cutoff=lambda m: CUTOFF, build_input=lambda m, a: a,
+        install_hint="(tests)",
+    )
+    model = MPNN()
+    data = trajectory(1, 2, seed=12)[0]
+    for wrapped in (ddpad.wrap(model, adapter, compile=False), adapter.wrap(model, compile=False)):
+        assert isinstance(wrapped, torch.nn.Module)
+        assert_same(wrapped(data), model({k: v.clone() for k, v in data.items()}))
