@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,6 +52,10 @@ class Adapter:
         how one step runs, for models whose derivatives are taken outside
         ``forward`` (AIMNet2: forces by autograd around the compiled energy).
         Default: ``compiled_model(padded_input, *args, **kwargs)``.
+    dynamo_config
+        ``torch._dynamo.config`` values set around each compiled call only
+        (scoped with ``config.patch``, restored after), e.g. MACE's
+        ``{"trace_autograd_ops": True}`` to keep its forces in the graph.
     """
 
     name: str
@@ -66,6 +70,7 @@ class Adapter:
     pad_in_forward: bool = False
     prepare_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None
     call: Callable[..., Any] | None = None
+    dynamo_config: Mapping[str, Any] = field(default_factory=dict)
 
     def wrap(self, model: torch.nn.Module, *, compile: bool = True, **kwargs: Any) -> PaddedModel:
         """``ddpad.wrap(model, self, ...)``: the fixed-shape (compiled) model."""

@@ -336,8 +336,8 @@ class COOPadder(_PadderBase):
         is no ``ptr``.
     placement
         ``"own"`` (dead system) or ``"join"`` (last real system).
-    atom_outputs, system_outputs
-        Output keys sliced by :meth:`unpad`.
+    atom_outputs, system_outputs, edge_outputs
+        Output keys sliced by :meth:`unpad` to the real atoms, systems, edges.
     atoms_policy, edges_policy, systems_policy
         Cap policies; ``systems_policy=None`` pads to exactly the real systems
         (plus the dead one).
@@ -361,6 +361,7 @@ class COOPadder(_PadderBase):
         placement: Placement = "own",
         atom_outputs: Sequence[str] = (),
         system_outputs: Sequence[str] = (),
+        edge_outputs: Sequence[str] = (),
         atoms_policy: CapPolicy | None = None,
         edges_policy: CapPolicy = _EDGES,
         systems_policy: CapPolicy | None = _SYSTEMS,
@@ -400,6 +401,16 @@ class COOPadder(_PadderBase):
         self.system_index = system_index
         self.edges_policy = edges_policy
         self.edges_key = edges_key
+        self.edge_outputs = tuple(edge_outputs)
+        self.n_edges: int | None = None
+
+    def unpad(self, output: Any, n_real: int | None = None) -> Any:
+        unpadded = super().unpad(output, n_real)
+        if isinstance(unpadded, dict) and self.n_edges is not None:
+            for key in self.edge_outputs:
+                if isinstance(unpadded.get(key), Tensor):
+                    unpadded[key] = unpadded[key][: self.n_edges]
+        return unpadded
 
     def _dead_rows_needed(self) -> int:
         return 1 if self.self_loop else 2
@@ -422,6 +433,7 @@ class COOPadder(_PadderBase):
     def _pad_to(self, data: Mapping[str, Tensor], counts: dict[str, int], caps: Mapping[str, int]) -> dict[str, Any]:
         n, e, s = counts[self.atoms_key], counts[self.edges_key], counts[self.systems_key]
         n_cap, e_cap, s_cap = caps[self.atoms_key], caps[self.edges_key], caps[self.systems_key]
+        self.n_edges = e
         dead_system = self._dead_system(s, s_cap)
         out: dict[str, Any] = dict(data)
 

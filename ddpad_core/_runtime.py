@@ -8,6 +8,7 @@ whether it was a recompile), not inferred.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
@@ -252,6 +253,7 @@ class PaddedModel(torch.nn.Module):
         adapter: Adapter | None = None,
         pad_in_forward: bool = False,
         call: Callable[..., Any] | None = None,
+        dynamo_config: Mapping[str, Any] | None = None,
         compile: bool = True,
         caps: Mapping[str, int] | str | os.PathLike[str] | None = None,
         on_recompile: Literal["warn", "raise", "ignore"] = "warn",
@@ -268,6 +270,7 @@ class PaddedModel(torch.nn.Module):
         self.adapter = adapter
         self.pad_in_forward = pad_in_forward
         self.call = call
+        self.dynamo_config = dict(dynamo_config or {})
         self.on_recompile = on_recompile
         self.shrink = shrink
         self.cap_state: dict[str, int] = load_caps(caps) if caps is not None else {}
@@ -324,9 +327,11 @@ class PaddedModel(torch.nn.Module):
         return out
 
     def _run(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self.call is None:
-            return self.compiled(data, *args, **kwargs)
-        return self.call(self.compiled, data, *args, **kwargs)
+        # config.patch restores the previous values on exit, exceptions included
+        with torch._dynamo.config.patch(**self.dynamo_config) if self.dynamo_config else contextlib.nullcontext():
+            if self.call is None:
+                return self.compiled(data, *args, **kwargs)
+            return self.call(self.compiled, data, *args, **kwargs)
 
     def _context(self) -> DistributedContext:
         """The context the model's seam pads through: the active one's mesh and
@@ -452,6 +457,7 @@ def wrap(
         adapter=adapter,
         pad_in_forward=adapter.pad_in_forward,
         call=adapter.call,
+        dynamo_config=adapter.dynamo_config,
         compile=compile,
         caps=caps,
         on_recompile=on_recompile,

@@ -1,0 +1,153 @@
+"""MACE (``mace-torch``): COO edge-list padding of mace's own batch dict.
+
+The native input is what mace's data pipeline produces
+(``AtomicData.from_config`` -> batch -> ``.to_dict()``): ``positions``,
+``node_attrs``, ``edge_index [2, E]``, ``shifts``, ``unit_shifts``, ``cell
+[S*3, 3]``, ``batch``, ``ptr``, ``head`` and the per-system label fields.
+
+- Dead atoms form their own dead graph (all-zero one-hot, far away): joined
+  to a real graph they would add ScaleShiftMACE's per-atom shift to its
+  energy.
+- Dead edges are self-loops on the dead atom with lattice shift ``(1, 0, 0)``
+  through the dead graph's cubic cell of edge ``2 r_max + 1``, so the edge
+  is longer than ``r_max`` both as given (``shifts``) and as mace recomputes
+  it for stress (``unit_shifts @ cell``): the Bessel basis never sees
+  ``r = 0`` and the polynomial envelope is exactly zero.
+- For compiling, the model is rebuilt the way mace itself prepares it
+  (``extract_model`` under ``disable_e3nn_codegen``, then ``simplify``), and
+  ``torch._dynamo.config.trace_autograd_ops`` is switched on around each
+  compiled call only, so energy, forces and stress trace into one graph.
+
+Compared with mace's own padding (``mace/data/padding_tools.py``, used by
+``MACECalculator(compile_mode=...)``): caps are grow-only buckets (no second
+compile when the real count reaches the target), the dead graph never joins
+a real graph, caps can be agreed across ranks and saved for restarts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ddpad import COOPadder, Fill
+from ddpad.adapters import Adapter
+
+__all__ = ["ADAPTER", "build_input", "make_padder", "prepare_model"]
+
+ATOM_FIELDS = {"node_attrs": 0.0, "forces": 0.0, "charges": 0.0, "density_coefficients": 0.0}
+EDGE_FIELDS = {"shifts": Fill.DEAD_SHIFT, "unit_shifts": Fill.DEAD_UNIT_SHIFT}
+SYSTEM_FIELDS: dict[str, Any] = {
+    "cell": Fill.DEAD_CELL, "rcell": 0.0, "pbc": True, "head": 0, "weight": 0.0,
+    "energy_weight": 0.0, "forces_weight": 0.0, "stress_weight": 0.0, "virials_weight": 0.0,
+    "dipole_weight": 0.0, "charges_weight": 0.0, "polarizability_weight": 0.0, "energy": 0.0,
+    "stress": 0.0, "virials": 0.0, "dipole": 0.0, "polarizability": 0.0, "elec_temp": 0.0,
+    "total_charge": 0.0, "total_spin": 0.0, "volume": 0.0, "fermi_level": 0.0, "external_field": 0.0,
+}
+ATOM_OUTPUTS = ("forces", "node_energy", "node_feats", "atomic_virials", "atomic_stresses", "charges")
+SYSTEM_OUTPUTS = ("energy", "interaction_energy", "virials", "stress", "displacement", "dipole", "polarizability")
+EDGE_OUTPUTS = ("edge_forces",)
+
+
+def _cutoff(model: torch.nn.Module) -> float:
+    return float(model.r_max)
+
+
+def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
+    """The MACE padder for ``model`` (cutoff ``model.r_max``); keyword arguments
+    override :class:`ddpad.COOPadder`'s."""
+    config: dict[str, Any] = dict(
+        atom_fields=ATOM_FIELDS, edge_fields=EDGE_FIELDS, system_fields=SYSTEM_FIELDS,
+        atom_outputs=ATOM_OUTPUTS, system_outputs=SYSTEM_OUTPUTS, edge_outputs=EDGE_OUTPUTS,
+    )
+    config.update(overrides)
+    return COOPadder(_cutoff(model), **config)
+
+
+def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A compile-ready copy of ``model``, built as mace prepares models for
+    ``torch.compile``: rebuilt from its config without e3nn's TorchScript
+    code generation (which Dynamo cannot trace) and fx-simplified. The
+    global switches mace's ``prepare`` flips are not touched: the autograd
+    tracing flag is scoped to each call (``dynamo_config``)."""
+    from mace.tools.compile import disable_e3nn_codegen, simplify
+    from mace.tools.scripts_utils import extract_model
+
+    param = next(model.parameters())
+    with disable_e3nn_codegen():
+        rebuilt = extract_model(model, map_location=str(param.device))
+    rebuilt = simplify(rebuilt.to(param.dtype))
+    rebuilt.train(model.training)
+    for p in rebuilt.parameters():  # inference: no parameter gradients
+        p.requires_grad_(False)
+    return rebuilt
+
+
+def _step(model: Any, data: dict[str, Tensor], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """One call, arranged as mace's calculator arranges compiled calls: inputs
+    that forces and stress differentiate already require grad, and
+    ``training=True`` (a retained autograd graph, which the traced
+    ``autograd.grad`` needs) unless the caller says otherwise."""
+    data["positions"].requires_grad_(True)
+    data["node_attrs"].requires_grad_(True)
+    if not args:
+        kwargs.setdefault("training", True)
+    return model(data, *args, **kwargs)
+
+
+def build_input(
+    model: torch.nn.Module,
+    atoms: Any,
+    *,
+    head: str | None = None,
+    device: str | torch.device | None = None,
+) -> dict[str, Tensor]:
+    """mace's own batch dict for one ``ase.Atoms`` or a list of them.
+
+    Built with mace's data pipeline (``config_from_atoms`` ->
+    ``AtomicData.from_config`` with the model's ``r_max`` and atomic-number
+    table -> batched), i.e. exactly what mace's calculator feeds the model.
+    Its neighbour list is matscipy's, on the CPU; the dict is then moved to
+    ``device`` (default: the model's).
+    """
+    from mace import data as mace_data
+    from mace.tools import torch_geometric, torch_tools, utils
+
+    structures = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
+    if not structures:
+        raise ValueError("build_input needs at least one structure")
+    param = next(model.parameters())
+    z_table = utils.AtomicNumberTable([int(z) for z in model.atomic_numbers])
+    unknown = sorted({int(z) for a in structures for z in a.numbers} - set(z_table.zs))
+    if unknown:
+        raise ValueError(f"atomic numbers {unknown} are not in the model's table {z_table.zs}")
+    heads = list(getattr(model, "heads", None) or ["Default"])
+    dtype_name = "float64" if param.dtype == torch.float64 else "float32"
+    with torch_tools.default_dtype(dtype_name):
+        graphs = [
+            mace_data.AtomicData.from_config(
+                mace_data.config_from_atoms(a, head_name=head or heads[0]),
+                z_table=z_table, cutoff=_cutoff(model), heads=heads,
+            )
+            for a in structures
+        ]
+    loader = torch_geometric.dataloader.DataLoader(graphs, batch_size=len(graphs), shuffle=False)
+    batch = next(iter(loader)).to(device if device is not None else param.device)
+    return batch.to_dict()
+
+
+ADAPTER = Adapter(
+    name="mace",
+    make_padder=make_padder,
+    energy_key="energy",
+    atom_outputs=ATOM_OUTPUTS,
+    system_outputs=SYSTEM_OUTPUTS,
+    cutoff=_cutoff,
+    build_input=build_input,
+    install_hint="pip install 'ddpad[mace]'",
+    requires=("mace", "e3nn"),
+    prepare_model=prepare_model,
+    call=_step,
+    dynamo_config={"trace_autograd_ops": True},
+)

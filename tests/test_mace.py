@@ -1,0 +1,186 @@
+"""MACE adapter: exact, NaN-free, one compiled graph through MD (mace environment)."""
+
+from __future__ import annotations
+
+import pathlib
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("mace")
+from ase.build import bulk  # noqa: E402
+
+import ddpad  # noqa: E402
+import ddpad.adapters as adapters  # noqa: E402
+from _spawn import run_ranks  # noqa: E402
+from ddpad.adapters.mace import make_padder  # noqa: E402
+
+R_MAX = 3.0
+ZS = (1, 6, 8)
+
+
+def random_model(seed: int = 0) -> torch.nn.Module:
+    """A random ScaleShiftMACE: float64, 3 elements, 2 interactions, non-zero
+    per-atom shift and E0s (so a dead atom joined to a real graph would leak)."""
+    from e3nn import o3
+    from mace import modules
+
+    torch.manual_seed(seed)
+    block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
+    model = modules.ScaleShiftMACE(
+        r_max=R_MAX, num_bessel=8, num_polynomial_cutoff=6, max_ell=2, interaction_cls=block,
+        interaction_cls_first=block, num_interactions=2, num_elements=3,
+        hidden_irreps=o3.Irreps("8x0e + 8x1o"), MLP_irreps=o3.Irreps("8x0e"), gate=torch.nn.functional.silu,
+        atomic_energies=np.array([-1.3, -2.1, -3.7]), avg_num_neighbors=10.0, atomic_numbers=list(ZS),
+        correlation=2, radial_type="bessel", atomic_inter_scale=1.5, atomic_inter_shift=0.7,
+    )
+    return model.double()
+
+
+def structure(step: int, rng: np.random.Generator, cells: tuple[int, int, int] = (2, 2, 2)) -> Any:
+    """A rattled periodic 3-element crystal that loses or gains a few atoms."""
+    atoms = bulk("C", "diamond", a=3.57, cubic=True) * cells
+    atoms.numbers[::3] = 1
+    atoms.numbers[1::5] = 8
+    keep = np.sort(rng.permutation(len(atoms))[: len(atoms) - int(rng.integers(0, 5))])
+    atoms = atoms[keep]
+    atoms.rattle(0.08, seed=step)
+    return atoms
+
+
+def reference(model: torch.nn.Module, data: dict[str, torch.Tensor], **kw: Any) -> dict[str, Any]:
+    inp = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in data.items()}
+    return model(inp, compute_stress=True, **kw)
+
+
+def assert_exact(out: dict[str, Any], ref: dict[str, Any], atol: float = 1e-10) -> None:
+    for key in ("energy", "forces", "stress", "node_energy", "virials"):
+        assert out[key].shape == ref[key].shape and out[key].dtype == ref[key].dtype, key
+        torch.testing.assert_close(out[key].detach(), ref[key].detach(), rtol=0, atol=atol, msg=key)
+    assert {k for k, v in out.items() if v is not None} == {k for k, v in ref.items() if v is not None}
+
+
+def check_compiles(stats: ddpad.Stats) -> None:
+    growth_calls = {e.call for e in stats.growths}
+    assert stats.graphs == 1 + len(growth_calls)
+    assert set(stats.graphs_by_call) <= {0} | growth_calls
+    assert stats.unexplained == []
+
+
+def test_100_steps_exact_with_one_graph_per_growth() -> None:
+    model = random_model()
+    adapter = adapters.get("mace")
+    wrapped = adapter.wrap(model, backend="aot_eager", on_recompile="raise")
+    rng = np.random.default_rng(0)
+    sizes = set()
+    for step in range(100):
+        data = adapter.build_input(model, structure(step, rng))
+        sizes.add(data["positions"].shape[0])
+        out = wrapped(data, compute_stress=True)
+        assert_exact(out, reference(model, data))
+    assert len(sizes) >= 4
+    check_compiles(wrapped.stats)
+    assert wrapped.stats.fill["edges"] > 0.5
+
+
+def test_dead_rows_are_inert_and_nan_free() -> None:
+    from ddpad.adapters.mace import _step, prepare_model
+
+    model = prepare_model(random_model())
+    data = adapters.get("mace").build_input(model, structure(0, np.random.default_rng(1)))
+    padder = make_padder(model)
+    padded = padder.pad(data, {})
+    n, s, e = data["positions"].shape[0], data["ptr"].shape[0] - 1, data["edge_index"].shape[1]
+
+    def run(inp: dict[str, torch.Tensor]) -> dict[str, Any]:
+        return _step(model, {k: v.detach().clone() for k, v in inp.items()}, compute_stress=True)
+
+    clean = run(padded)
+    dirty = {k: v.detach().clone() for k, v in padded.items()}
+    gen = torch.Generator().manual_seed(0)
+    dirty["positions"][n:] = torch.randn(dirty["positions"][n:].shape, generator=gen, dtype=torch.float64) * 1e3
+    dirty["node_attrs"][n:] = torch.randn(dirty["node_attrs"][n:].shape, generator=gen, dtype=torch.float64) * 1e3
+    dirty["cell"][3 * s:] *= 1.0 + torch.rand(1, generator=gen, dtype=torch.float64)  # still > r_max
+    raw = run(dirty)
+    for key, value in raw.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            assert torch.isfinite(value).all(), key
+    clean, raw = padder.unpad(clean), padder.unpad(raw)
+    for key in ("energy", "forces", "stress", "node_energy"):
+        assert torch.equal(clean[key], raw[key]), key
+    # every dead edge is longer than the cutoff, the way mace computes it
+    vec = padded["positions"][padded["edge_index"][1]] - padded["positions"][padded["edge_index"][0]]
+    assert bool(((vec + padded["shifts"])[e:].norm(dim=-1) > R_MAX).all())
+
+
+def test_joined_dead_atoms_leak_energy() -> None:
+    """Why the dead graph: joined to the real graph, dead atoms add the
+    per-atom scale-shift to its energy."""
+    model = random_model()
+    data = adapters.get("mace").build_input(model, structure(0, np.random.default_rng(2)))
+    ref = reference(model, data)
+    own = ddpad.wrap(model, "mace", compile=False)(data, compute_stress=True)
+    join = ddpad.wrap(model, "mace", compile=False, padder=make_padder(model, placement="join"))(data, compute_stress=True)
+    assert_exact(own, ref)
+    leak = float((join["energy"] - ref["energy"]).abs().max())
+    assert leak > 0.1, f"join placement expected to leak, measured dE = {leak:g}"
+
+
+def test_batch_of_three_sizes_with_changing_system_count() -> None:
+    model = random_model()
+    adapter = adapters.get("mace")
+    wrapped = adapter.wrap(model, backend="aot_eager", on_recompile="raise")
+    rng = np.random.default_rng(3)
+    shapes = [(1, 1, 1), (2, 1, 1), (2, 2, 1)]
+    for step in range(12):
+        count = (3, 2, 3, 1)[step % 4]
+        batch = [structure(step, rng, shapes[i]) for i in range(count)]
+        data = adapter.build_input(model, batch)
+        out = wrapped(data, compute_stress=True)
+        assert out["energy"].shape == (count,)
+        assert_exact(out, reference(model, data))
+    check_compiles(wrapped.stats)
+    assert wrapped.caps["systems"] >= 4
+
+
+def _agreement_worker(rank: int, world: int) -> dict[str, Any]:
+    model = random_model()
+    adapter = adapters.get("mace")
+    wrapped = adapter.wrap(model, compile=False)
+    rng = np.random.default_rng(10 + rank)
+    caps = []
+    with ddpad.cap_agreement_group(None, "cpu") as agreement:
+        for step in range(6):
+            count = 1 + rank + step % 2  # uneven systems per rank
+            data = adapter.build_input(model, [structure(step, rng, (1, 1, 1 + rank)) for _ in range(count)])
+            out = wrapped(data, compute_stress=True)
+            assert_exact(out, reference(model, data))
+            caps.append(wrapped.caps)
+    return {"caps": caps, "collectives": agreement.collectives}
+
+
+@pytest.mark.slow
+def test_two_rank_agreement_identical_caps(tmp_path: pathlib.Path) -> None:
+    results = run_ranks(_agreement_worker, 2, tmp_path, timeout=400)
+    assert results[0]["caps"] == results[1]["caps"]
+    assert results[0]["collectives"] == results[1]["collectives"] == 6
+
+
+@pytest.mark.slow
+def test_inductor_20_steps_one_graph() -> None:
+    model = random_model()
+    adapter = adapters.get("mace")
+    rng = np.random.default_rng(4)
+    steps = [adapter.build_input(model, structure(i, rng, (1, 1, 2))) for i in range(20)]
+    caps: dict[str, int] = {}  # size the caps on the trajectory first: one inductor compile
+    for data in steps:
+        make_padder(model).pad(data, caps)
+    wrapped = adapter.wrap(model, backend="inductor", on_recompile="raise", caps=caps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for data in steps:
+            assert_exact(wrapped(data, compute_stress=True), reference(model, data), atol=1e-9)
+    assert wrapped.stats.graphs == 1 and wrapped.stats.growths == []
