@@ -56,6 +56,25 @@ class Adapter:
         ``torch._dynamo.config`` values set around each compiled call only
         (scoped with ``config.patch``, restored after), e.g. MACE's
         ``{"trace_autograd_ops": True}`` to keep its forces in the graph.
+    input_context
+        Optional ``model -> dict``: keyword arguments for ``build_input`` made
+        once per model and reused every step (e.g. aimnet's calculator).
+    stress_option
+        The call keyword that turns stress on (mace: ``"compute_stress"``);
+        None when the model computes no stress.
+    random_model
+        Optional ``(dtype, device) -> model``: a small randomly initialised
+        model from the package's own classes (``ddpad run`` without ``--model``).
+    load_model
+        Optional ``(path, device) -> model``: load a local checkpoint.
+    default_system
+        Optional ``() -> ase.Atoms | list[ase.Atoms]``: the built-in system of
+        ``ddpad run`` (periodic bulk or a set of molecules).
+    evaluate
+        Optional ``(model, native_input, *args, **kwargs) -> output``: the
+        unpadded eager model, output shaped as the wrapped model's (the
+        reference padding is checked against). Default: ``call`` or
+        ``model(input, ...)`` on a copy of the input.
     """
 
     name: str
@@ -71,6 +90,31 @@ class Adapter:
     prepare_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None
     call: Callable[..., Any] | None = None
     dynamo_config: Mapping[str, Any] = field(default_factory=dict)
+    input_context: Callable[[torch.nn.Module], dict[str, Any]] | None = None
+    stress_option: str | None = None
+    random_model: Callable[[torch.dtype, str], torch.nn.Module] | None = None
+    load_model: Callable[[str, str], torch.nn.Module] | None = None
+    default_system: Callable[[], Any] | None = None
+    evaluate: Callable[..., Any] | None = None
+
+    def reference(self, model: torch.nn.Module, data: Any, *args: Any, **kwargs: Any) -> Any:
+        """The unpadded, uncompiled model's output for ``data`` (not modified)."""
+        if isinstance(data, Mapping):
+            data = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in data.items()}
+        if self.evaluate is not None:
+            return self.evaluate(model, data, *args, **kwargs)
+        if self.call is not None:
+            return self.call(model, data, *args, **kwargs)
+        return model(data, *args, **kwargs)
+
+    def input_builder(self, model: torch.nn.Module) -> Callable[[Any], Any]:
+        """``atoms -> native input`` for ``model``, reusing per-model state."""
+        extra = self.input_context(model) if self.input_context is not None else {}
+        return lambda atoms: self.build_input(model, atoms, **extra)
+
+    def call_options(self, stress: bool) -> dict[str, Any]:
+        """Call keywords that ask the model for stress (or not)."""
+        return {self.stress_option: stress} if self.stress_option else {}
 
     def wrap(self, model: torch.nn.Module, *, compile: bool = True, **kwargs: Any) -> PaddedModel:
         """``ddpad.wrap(model, self, ...)``: the fixed-shape (compiled) model."""

@@ -26,7 +26,7 @@ from torch import Tensor
 from ddpad import DensePadder, Fill
 from ddpad.adapters import Adapter
 
-__all__ = ["ADAPTER", "build_input", "evaluate", "make_padder"]
+__all__ = ["ADAPTER", "build_input", "default_system", "evaluate", "load_model", "make_padder", "random_model"]
 
 NBMAT_KEYS = ("nbmat", "nbmat_lr", "nbmat_coulomb", "nbmat_dftd3")
 ATOM_OUTPUTS = ("forces", "charges", "spin_charges")
@@ -79,13 +79,30 @@ def evaluate(model: torch.nn.Module, data: dict[str, Tensor], *, forces: bool = 
     return {k: (v[:n] if k in ATOM_OUTPUTS else v) for k, v in out.items()}
 
 
+def _molecules(atoms: Any) -> list[Any]:
+    """Molecules of a list, or of one ``Atoms`` split by its ``mol_id`` array."""
+    if isinstance(atoms, (list, tuple)):
+        return list(atoms)
+    if "mol_id" not in atoms.arrays:
+        return [atoms]
+    ids = atoms.arrays["mol_id"]
+    order = list(dict.fromkeys(int(i) for i in ids))
+    runs = 1 + int((ids[1:] != ids[:-1]).sum()) if len(ids) else 0
+    if runs != len(order):  # outputs come back in input order: molecules must be contiguous
+        raise ValueError("mol_id must group each molecule's atoms contiguously")
+    mols = [atoms[ids == i] for i in order]
+    for mol in mols:
+        mol.info["charge"] = float(mol.info.get("charge", 0.0))
+    return mols
+
+
 def build_input(
     model: torch.nn.Module,
     atoms: Any,
     *,
     charge: float | Sequence[float] | None = None,
     calculator: Any = None,
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = None,
 ) -> dict[str, Tensor]:
     """aimnet's own flat input for one ``ase.Atoms`` or a list of molecules.
 
@@ -93,22 +110,21 @@ def build_input(
     (``AIMNet2Calculator.prepare_input``), so the input is exactly what
     aimnet itself would feed the model. Pass ``calculator`` to reuse one
     across steps; ``charge`` per molecule (default: ``atoms.info["charge"]``
-    or 0).
+    or 0); ``device`` defaults to the model's.
     """
-    from aimnet.calculators import AIMNet2Calculator
-
-    mols = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
+    mols = _molecules(atoms)
     if not mols:
         raise ValueError("build_input needs at least one molecule")
     if any(bool(getattr(m, "pbc", [False]).any()) for m in mols):
         raise ValueError("the aimnet2 adapter takes molecules (pbc=False); periodic input is not supported")
     if calculator is None:
-        calculator = AIMNet2Calculator(model=model, device=str(device))
+        calculator = _calculator(model)
     if charge is None:
         charges = [float(m.info.get("charge", 0.0)) for m in mols]
     else:
         charges = [float(c) for c in (charge if isinstance(charge, Sequence) else [charge] * len(mols))]
-    dtype = next(model.parameters()).dtype
+    param = next(model.parameters())
+    dtype, device = param.dtype, device if device is not None else param.device
     data = {
         "coord": torch.cat([torch.as_tensor(m.get_positions(), dtype=dtype) for m in mols]),
         "numbers": torch.cat([torch.as_tensor(m.get_atomic_numbers()) for m in mols]),
@@ -118,8 +134,75 @@ def build_input(
     return calculator.prepare_input({k: v.to(device) for k, v in data.items()})
 
 
+def _calculator(model: torch.nn.Module) -> Any:
+    from aimnet.calculators import AIMNet2Calculator
+
+    return AIMNet2Calculator(model=model, device=str(next(model.parameters()).device))
+
+
 def _cutoff(model: torch.nn.Module) -> float:
     return float(model.aev.rc_s)
+
+
+MOLECULES = ("H2O", "CH4", "NH3", "C2H6", "CH3OH", "C6H6", "CH3CHO", "HCOOH")
+
+
+def random_model(
+    dtype: torch.dtype | None = None, device: str = "cpu", *, config: str = "aimnet2.yaml", seed: int = 0
+) -> torch.nn.Module:
+    """AIMNet2 from a config aimnet ships (``aimnet/models/*.yaml``), randomly
+    initialised, with random biases (zero biases would hide padding leaks).
+
+    aimnet casts inputs to torch's default dtype as it was when aimnet was
+    imported, so the model takes that dtype; asking for another raises.
+    """
+    import importlib.resources
+
+    import yaml
+    from aimnet.config import build_module
+    from aimnet.models.base import AIMNet2Base
+
+    native = AIMNet2Base._required_keys_dtype[0]
+    if dtype is not None and dtype != native:
+        raise ValueError(
+            f"aimnet casts coordinates to {native} (torch's default dtype when aimnet was imported); "
+            f"for {dtype} call torch.set_default_dtype({dtype}) before importing aimnet"
+        )
+    path = importlib.resources.files("aimnet") / "models" / config
+    torch.manual_seed(seed)
+    model = build_module(yaml.safe_load(path.read_text()))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.normal_(0.0, 0.3)
+    return model.to(dtype=native, device=device)
+
+
+def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
+    """A local aimnet model file (v2 ``.pt`` or trusted legacy ``.jpt``)."""
+    from aimnet.models.base import load_model as aimnet_load
+
+    model, _ = aimnet_load(path, device=device)
+    return model
+
+
+def default_system() -> Any:
+    """A set of eight small molecules, 10 A apart, as one ``ase.Atoms`` whose
+    ``mol_id`` array says which atom belongs to which molecule."""
+    import numpy as np
+    from ase import Atoms
+    from ase.build import molecule
+
+    parts = []
+    for i, name in enumerate(MOLECULES):
+        mol = molecule(name)
+        mol.positions += (10.0 * (i % 4), 10.0 * (i // 4), 0.0)
+        mol.set_array("mol_id", np.full(len(mol), i))
+        parts.append(mol)
+    atoms = Atoms()
+    for mol in parts:
+        atoms += mol
+    return atoms
 
 
 ADAPTER = Adapter(
@@ -133,4 +216,9 @@ ADAPTER = Adapter(
     install_hint="pip install 'ddpad[aimnet2]'",
     requires=("aimnet",),
     call=_step,
+    input_context=lambda model: {"calculator": _calculator(model)},
+    evaluate=evaluate,
+    random_model=random_model,
+    load_model=load_model,
+    default_system=default_system,
 )

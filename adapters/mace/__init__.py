@@ -34,7 +34,7 @@ from torch import Tensor
 from ddpad import COOPadder, Fill
 from ddpad.adapters import Adapter
 
-__all__ = ["ADAPTER", "build_input", "make_padder", "prepare_model"]
+__all__ = ["ADAPTER", "build_input", "default_system", "load_model", "make_padder", "prepare_model", "random_model"]
 
 ATOM_FIELDS = {"node_attrs": 0.0, "forces": 0.0, "charges": 0.0, "density_coefficients": 0.0}
 EDGE_FIELDS = {"shifts": Fill.DEAD_SHIFT, "unit_shifts": Fill.DEAD_UNIT_SHIFT}
@@ -137,6 +137,50 @@ def build_input(
     return batch.to_dict()
 
 
+def random_model(
+    dtype: torch.dtype = torch.float64,
+    device: str = "cpu",
+    *,
+    r_max: float = 4.0,
+    atomic_numbers: tuple[int, ...] = (1, 6, 8),
+    seed: int = 0,
+) -> torch.nn.Module:
+    """A small randomly initialised ``ScaleShiftMACE`` (2 interactions, non-zero
+    per-atom shift and E0s), built from mace's own classes."""
+    import numpy as np
+    from mace import modules  # first: mace makes e3nn 0.4's torch.load work on torch >= 2.6
+    from e3nn import o3
+
+    torch.manual_seed(seed)
+    block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
+    model = modules.ScaleShiftMACE(
+        r_max=r_max, num_bessel=8, num_polynomial_cutoff=6, max_ell=2, interaction_cls=block,
+        interaction_cls_first=block, num_interactions=2, num_elements=len(atomic_numbers),
+        hidden_irreps=o3.Irreps("8x0e + 8x1o"), MLP_irreps=o3.Irreps("8x0e"), gate=torch.nn.functional.silu,
+        atomic_energies=-1.0 - np.arange(len(atomic_numbers), dtype=float) * 0.8,
+        avg_num_neighbors=10.0, atomic_numbers=list(atomic_numbers), correlation=2, radial_type="bessel",
+        atomic_inter_scale=1.5, atomic_inter_shift=0.7,
+    )
+    return model.to(dtype=dtype, device=device)
+
+
+def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
+    """A mace model saved with ``torch.save(model)`` (mace's ``.model`` files)."""
+    model = torch.load(path, map_location=device, weights_only=False)
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"{path} holds a {type(model).__name__}, not a mace model")
+    return model
+
+
+def default_system() -> Any:
+    """Periodic bulk: a rattled 2x2x2 diamond-carbon supercell (64 atoms)."""
+    from ase.build import bulk
+
+    atoms = bulk("C", "diamond", a=3.57, cubic=True) * (2, 2, 2)
+    atoms.rattle(0.05, seed=0)
+    return atoms
+
+
 ADAPTER = Adapter(
     name="mace",
     make_padder=make_padder,
@@ -150,4 +194,8 @@ ADAPTER = Adapter(
     prepare_model=prepare_model,
     call=_step,
     dynamo_config={"trace_autograd_ops": True},
+    stress_option="compute_stress",
+    random_model=random_model,
+    load_model=load_model,
+    default_system=default_system,
 )

@@ -1,0 +1,52 @@
+"""Shared by the examples: model loading, a timed MD loop, the report."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def parse(description: str, steps: int) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", help="local checkpoint (default: randomly initialised)")
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend")
+    parser.add_argument("--check", type=int, default=3, help="first steps compared with the eager model")
+    return parser.parse_args()
+
+
+def model_for(adapter: Any, path: str | None, dtype: torch.dtype | None, device: str) -> torch.nn.Module:
+    if path:
+        return adapter.load_model(path, device)
+    print("model: randomly initialised (pass --model PATH for a checkpoint)")
+    return adapter.random_model(dtype, device)
+
+
+def run(dyn: Any, atoms: Any, steps: int) -> float:
+    """Run ``steps`` MD steps; return steady-state steps/s (first call excluded)."""
+    t0 = time.perf_counter()
+    atoms.get_potential_energy()  # the first call compiles
+    print(f"first call (compile): {time.perf_counter() - t0:.1f} s")
+    t1 = time.perf_counter()
+    dyn.run(steps)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return steps / (time.perf_counter() - t1)
+
+
+def report(calc: Any, rate: float) -> None:
+    stats = calc.wrapped.stats
+    print(f"steps/s: {rate:.2f}")
+    print(f"compiled graphs: {stats.graphs} (growth events: {len(stats.growths)})")
+    for event in stats.growths:
+        print(f"  call {event.call}: {event.key} {event.old} -> {event.new} (real {event.real})")
+    print("fill: " + ", ".join(f"{k} {v:.2f} of {stats.caps[k]}" for k, v in sorted(stats.fill.items())))
+
+
+def max_deviation(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...]) -> float:
+    return max(float(np.abs(np.asarray(a[k]) - np.asarray(b[k])).max()) for k in keys)
