@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CapEvent",
+    "compile_counted",
     "PaddedModel",
     "RecompileError",
     "ShrinkPolicy",
@@ -192,6 +193,21 @@ def _inner_backend(backend: str | Callable[..., Any], mode: str | None, options:
     return torch._TorchCompileWrapper(backend, mode, options, dynamic)
 
 
+def compile_counted(model: Callable[..., Any], stats: Stats, **compile_kwargs: Any) -> Callable[..., Any]:
+    """``torch.compile(model, **compile_kwargs)`` whose compile events land in
+    ``stats`` (``graphs``, ``graphs_per_frame``, ``graphs_by_call``,
+    ``recompiles``; the caller advances ``stats.calls``)."""
+    kwargs = dict(compile_kwargs)
+    backend = kwargs.pop("backend", "inductor")
+    mode = kwargs.pop("mode", None)
+    options = kwargs.pop("options", None)
+    dynamic = kwargs.pop("dynamic", None)
+    if _HAS_ISOLATE:  # recompiles count against this compile's own limit only
+        kwargs.setdefault("isolate_recompiles", True)
+    counting = _CountingBackend(_inner_backend(backend, mode, options, dynamic), stats)
+    return torch.compile(model, backend=counting, dynamic=dynamic, **kwargs)
+
+
 def _guard_failure_counts() -> dict[Any, int]:
     return {code: len(reasons) for code, reasons in torch._dynamo.utils.guard_failures.items()}
 
@@ -279,15 +295,8 @@ class PaddedModel(torch.nn.Module):
         self._shrunk = False  # a shrink after the last call explains its recompile
         self.compiled: Callable[..., Any] = model
         if compile:
-            kwargs = dict(compile_kwargs)
-            backend = kwargs.pop("backend", "inductor")
-            mode = kwargs.pop("mode", None)
-            options = kwargs.pop("options", None)
-            dynamic = kwargs.pop("dynamic", False)
-            if _HAS_ISOLATE:  # our recompiles count against our own limit only
-                kwargs.setdefault("isolate_recompiles", True)
-            counting = _CountingBackend(_inner_backend(backend, mode, options, dynamic), self.stats)
-            self.compiled = torch.compile(model, backend=counting, dynamic=dynamic, **kwargs)
+            compile_kwargs.setdefault("dynamic", False)
+            self.compiled = compile_counted(model, self.stats, **compile_kwargs)
         elif compile_kwargs:
             raise TypeError(f"compile=False takes no compile arguments, got {sorted(compile_kwargs)}")
 

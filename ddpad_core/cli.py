@@ -186,6 +186,52 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Eager, unpadded compiles and ddpad on one fluctuating trajectory."""
+    from ._bench import VARIANTS, fluctuating_trajectory, plot, run_bench
+
+    adapter = _adapter(args.adapter)
+    if args.steps < 2:
+        raise CliError(f"--steps must be >= 2, got {args.steps}")
+    if not 0.0 <= args.rate <= 1.0:
+        raise CliError(f"--rate must be in [0, 1], got {args.rate}")
+    variants = tuple(args.variants.split(",")) if args.variants else VARIANTS
+    bad = sorted(set(variants) - set(VARIANTS))
+    if bad:
+        raise CliError(f"unknown variants {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CliError("ddpad bench plots with matplotlib: pip install matplotlib") from None
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = {"float32": torch.float32, "float64": torch.float64, None: None}[args.dtype]
+    if dtype is None:
+        dtype = torch.float64 if adapter.name == "mace" else torch.get_default_dtype()
+    base = _system(adapter, args.system)
+    if args.repeat != 1:
+        if not base.pbc.all():
+            raise CliError("--repeat needs a periodic system")
+        base = base * (args.repeat, args.repeat, args.repeat)
+    model, what = _model(adapter, args.model, dtype, device)
+    structures = fluctuating_trajectory(base, args.steps, args.rattle, args.rate, seed=args.seed)
+    print(f"ddpad bench {adapter.name}: {len(base)} atoms (+-{args.rate} insert/delete per step, "
+          f"rattle {args.rattle} A), {args.steps} steps, {what}, device {device}, backend {args.backend}")
+    result = run_bench(adapter, model, structures, backend=args.backend, variants=variants)
+    result.update(model=what, seed=args.seed, rattle=args.rattle, rate=args.rate, threads=torch.get_num_threads())
+    print(f"{'variant':<16} {'total s':>9} {'compile s':>10} {'median ms':>10} {'graphs':>7} {'recomp':>7} {'ddpad x':>8}")
+    for name, res in result["variants"].items():
+        med = res["steady_median_s"]
+        ratio = result["ddpad_speedup"].get(name, {}).get("total")
+        print(f"{name:<16} {res['total_s']:9.2f} {res['compile_s']:10.2f} "
+              f"{(med * 1e3 if med else float('nan')):10.2f} {res['graphs']:7d} {res['recompiles']:7d} "
+              f"{(f'{ratio:.2f}' if ratio else '-'):>8}")
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump(result, fh, indent=2)
+    plot(result, args.plot)
+    print(f"wrote {args.out} and {args.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddpad", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -206,6 +252,22 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--traj-every", type=int, default=10)
     p_run.add_argument("--json", help="write the run's numbers (timings, graphs, growths, fill) here")
     p_run.set_defaults(func=cmd_run)
+    p_bench = sub.add_parser("bench", help="eager / unpadded compiles / ddpad on one fluctuating trajectory")
+    p_bench.add_argument("adapter")
+    p_bench.add_argument("--model", help="local checkpoint; default: a randomly initialised model")
+    p_bench.add_argument("--system", help="structure file or name; default: the adapter's built-in system")
+    p_bench.add_argument("--repeat", type=int, default=1, help="supercell repeat of a periodic system (size)")
+    p_bench.add_argument("--steps", type=int, default=60)
+    p_bench.add_argument("--rattle", type=float, default=0.05, help="per-step displacement scale, A")
+    p_bench.add_argument("--rate", type=float, default=0.3, help="probability per step of an atom insert/delete")
+    p_bench.add_argument("--seed", type=int, default=0)
+    p_bench.add_argument("--variants", help="comma-separated subset of the variants (default all)")
+    p_bench.add_argument("--backend", default="inductor")
+    p_bench.add_argument("--device")
+    p_bench.add_argument("--dtype", choices=["float32", "float64"])
+    p_bench.add_argument("--out", default="ddpad-bench.json")
+    p_bench.add_argument("--plot", default="ddpad-bench.png")
+    p_bench.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -50,3 +50,26 @@ def report(calc: Any, rate: float) -> None:
 
 def max_deviation(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...]) -> float:
     return max(float(np.abs(np.asarray(a[k]) - np.asarray(b[k])).max()) for k in keys)
+
+
+def langevin(atoms: Any, eager: Any, temperature_k: float, check: int) -> Any:
+    """Langevin dynamics that also compares the first ``check`` steps with
+    ``eager`` (a plain-model calculator): compiled + padded vs eager."""
+    from ase import units
+    from ase.md.langevin import Langevin
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+
+    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature_k, rng=np.random.default_rng(0))
+    dyn = Langevin(atoms, 0.5 * units.fs, temperature_K=temperature_k, friction=0.01 / units.fs,
+                   rng=np.random.default_rng(1))
+
+    def compare() -> None:
+        if dyn.nsteps < check:
+            probe = atoms.copy()
+            probe.calc = eager
+            ref = {"energy": probe.get_potential_energy(), "forces": probe.get_forces()}
+            got = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces()}
+            print(f"step {dyn.nsteps}: max |compiled - eager| = {max_deviation(got, ref, ('energy', 'forces')):.2e}")
+
+    dyn.attach(compare, interval=1)
+    return dyn

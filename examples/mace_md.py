@@ -3,17 +3,13 @@
     python examples/mace_md.py [--model my.model] [--steps 200] [--device cuda]
 
 Prints steps/s, compiled graphs, cap growths and fill, and checks the first
-steps against the eager, unpadded model.
+steps against the plain eager model (no padding, no compile).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
-from _common import max_deviation, model_for, parse, report, run
-from ase import units
-from ase.md.langevin import Langevin
-from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+from _common import langevin, model_for, parse, report, run
 
 import ddpad.adapters
 from ddpad.ase import Calculator
@@ -23,21 +19,6 @@ adapter = ddpad.adapters.get("mace")
 model = model_for(adapter, args.model, torch.float64, args.device)
 atoms = adapter.default_system()
 atoms.calc = Calculator(model, "mace", backend=args.backend)
-eager = Calculator(model, "mace", pad=False)  # the plain model: no padding, no compile
-
-MaxwellBoltzmannDistribution(atoms, temperature_K=600, rng=np.random.default_rng(0))
-dyn = Langevin(atoms, 0.5 * units.fs, temperature_K=600, friction=0.01 / units.fs, rng=np.random.default_rng(1))
-
-
-def check() -> None:  # compiled + padded vs the plain eager model, first steps
-    if dyn.nsteps < args.check:
-        probe = atoms.copy()
-        probe.calc = eager
-        ref = {"energy": probe.get_potential_energy(), "forces": probe.get_forces()}
-        got = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces()}
-        print(f"step {dyn.nsteps}: max |compiled - eager| = {max_deviation(got, ref, ('energy', 'forces')):.2e}")
-
-
-dyn.attach(check, interval=1)
+dyn = langevin(atoms, Calculator(model, "mace", pad=False), temperature_k=600, check=args.check)
 print(f"{len(atoms)} atoms on {args.device}")
 report(atoms.calc, run(dyn, atoms, args.steps))

@@ -25,6 +25,8 @@ CORE_TESTS = [
     "tests/test_packaging.py",
     "tests/test_agreement.py",
     "tests/test_runtime.py",
+    "tests/test_cli.py",
+    "tests/test_ase.py",
 ]
 
 
@@ -38,8 +40,10 @@ def _install(session: nox.Session, extra: str) -> None:
 def core(session: nox.Session) -> None:
     """The core library, no model package: capacity, padders, agreement, runtime, registry."""
     _install(session, "test")
-    session.install("-c", CONSTRAINTS, "./tests/plugin_pkg")
+    session.install("-c", CONSTRAINTS, "./tests/plugin_pkg", "mkdocs")
     session.run("python", "-m", "pytest", *CORE_TESTS, *session.posargs)
+    # the docs build with warnings as errors
+    session.run("mkdocs", "build", "--strict", "-f", "docs/mkdocs.yml", "-d", session.create_tmp() + "/site")
 
 
 @nox.session(python="3.11")

@@ -47,7 +47,7 @@ def _padder(model: torch.nn.Module) -> COOPadder:
 
 def _build_input(model: torch.nn.Module, atoms: Any, **_: Any) -> dict[str, torch.Tensor]:
     """Non-periodic graph of one ``ase.Atoms``-like object (all pairs within the cutoff)."""
-    pos = torch.as_tensor(atoms.get_positions(), dtype=torch.float64)
+    pos = torch.as_tensor(atoms.get_positions(), dtype=model.depth.dtype)
     dist = torch.cdist(pos, pos)
     src, dst = torch.nonzero((dist < model.cutoff) & (dist > 0), as_tuple=True)
     n = pos.shape[0]
@@ -59,6 +59,22 @@ def _build_input(model: torch.nn.Module, atoms: Any, **_: Any) -> dict[str, torc
     }
 
 
+def _random_model(dtype: torch.dtype | None = None, device: str = "cpu") -> torch.nn.Module:
+    return Morse().to(dtype=dtype or torch.float64, device=device).eval()
+
+
+def _load_model(path: str, device: str = "cpu") -> torch.nn.Module:
+    return torch.load(path, map_location=device, weights_only=False)
+
+
+def _default_system() -> Any:
+    """A small, non-periodic 3x3x3 cubic cluster, 1.3 apart."""
+    from ase import Atoms
+
+    grid = torch.stack(torch.meshgrid(*[torch.arange(3.0)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    return Atoms("Ar27", positions=(grid * 1.3).numpy())
+
+
 ADAPTER = Adapter(
     name="toy",
     make_padder=_padder,
@@ -68,4 +84,7 @@ ADAPTER = Adapter(
     cutoff=lambda model: float(model.cutoff),
     build_input=_build_input,
     install_hint="pip install ./tests/plugin_pkg",
+    random_model=_random_model,
+    load_model=_load_model,
+    default_system=_default_system,
 )

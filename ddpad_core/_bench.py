@@ -1,0 +1,176 @@
+"""``ddpad bench``: eager, unpadded compiles and ddpad side by side on one trajectory.
+
+Every variant runs the same pre-built inputs (same seeds, same system) of a
+trajectory whose atom count fluctuates (rattle plus random insertions and
+deletions). Compile events are counted from Dynamo's own compile ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._runtime import Stats, compile_counted, wrap
+
+__all__ = ["VARIANTS", "fluctuating_trajectory", "run_bench"]
+
+VARIANTS = ("eager", "compile-static", "compile-dynamic", "compile-default", "ddpad")
+
+
+def fluctuating_trajectory(atoms: Any, steps: int, rattle: float, rate: float, seed: int = 0) -> list[Any]:
+    """``steps`` structures: each rattled by ``rattle`` (A); with probability
+    ``rate`` per step an atom is deleted or a displaced copy inserted next to
+    its source (the count stays within +-10 % of the start)."""
+    rng = np.random.default_rng(seed)
+    current = atoms.copy()
+    n0 = len(atoms)
+    out = []
+    for _ in range(steps):
+        if rng.random() < rate:
+            i = int(rng.integers(len(current)))
+            grow = rng.random() < 0.5
+            if grow and len(current) < 1.1 * n0 or len(current) <= 0.9 * n0:
+                extra = current[i:i + 1].copy()
+                direction = rng.normal(size=3)
+                extra.positions += 1.2 * direction / np.linalg.norm(direction)
+                current = current[: i + 1] + extra + current[i + 1:]
+            else:
+                del current[i]
+        frame = current.copy()
+        frame.positions += rng.normal(scale=rattle, size=frame.positions.shape)
+        out.append(frame)
+    return out
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process high-water mark
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(
+    step_fn: Callable[[Any], Any], inputs: list[Any], stats: Stats, device: torch.device, advance_calls: bool
+) -> dict[str, Any]:
+    """Run every input; ``advance_calls`` when ``step_fn`` does not count its
+    own calls in ``stats`` (ddpad's wrapper does)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for data in inputs:
+        t0 = time.perf_counter()
+        step_fn(data)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        stats.calls += int(advance_calls)
+    compiled_calls = set(stats.graphs_by_call)
+    steady = [t for i, t in enumerate(times) if i not in compiled_calls]
+    return {
+        "total_s": sum(times),
+        "compile_s": sum(t for i, t in enumerate(times) if i in compiled_calls),
+        "steady_median_s": statistics.median(steady) if steady else None,
+        "graphs": stats.graphs,
+        "recompiles": stats.recompiles,
+        "peak_memory_mb": _peak_memory_mb(device),
+        "cumulative_s": list(np.cumsum(times)),
+    }
+
+
+def run_bench(
+    adapter: Any,
+    model: torch.nn.Module,
+    structures: list[Any],
+    *,
+    backend: str = "inductor",
+    variants: tuple[str, ...] = VARIANTS,
+    call_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Time each variant over the inputs built from ``structures``."""
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    device = next(model.parameters()).device
+    build = adapter.input_builder(model)
+    inputs = [build(s) for s in structures]
+    kwargs = dict(call_kwargs or {})
+    prepared = adapter.prepare_model(model) if adapter.prepare_model is not None else model
+    scoped = adapter.dynamo_config
+
+    def clone(data: Any) -> Any:
+        return {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in data.items()}
+
+    results: dict[str, dict[str, Any]] = {}
+    for name in variants:
+        stats = Stats()
+        if name == "eager":
+            def step(data: Any) -> Any:
+                return adapter.reference(model, data, **kwargs)
+        elif name == "ddpad":
+            wrapped = wrap(model, adapter, backend=backend, on_recompile="ignore")
+            stats = wrapped.stats
+
+            def step(data: Any) -> Any:
+                return wrapped(data, **kwargs)
+        else:
+            dynamic = {"compile-static": False, "compile-dynamic": True, "compile-default": None}[name]
+            compiled = compile_counted(prepared, stats, backend=backend, dynamic=dynamic)
+
+            def step(data: Any, compiled: Any = compiled) -> Any:
+                patch = torch._dynamo.config.patch(**scoped) if scoped else contextlib.nullcontext()
+                with patch:
+                    if adapter.call is not None:
+                        return adapter.call(compiled, clone(data), **kwargs)
+                    return compiled(clone(data), **kwargs)
+        results[name] = _timed(step, inputs, stats, device, advance_calls=name != "ddpad")
+    ratios = {}
+    if "ddpad" in results:
+        ours = results["ddpad"]
+        for name, res in results.items():
+            if name == "ddpad":
+                continue
+            steady = (
+                res["steady_median_s"] / ours["steady_median_s"]
+                if res["steady_median_s"] and ours["steady_median_s"] else None
+            )
+            ratios[name] = {"total": res["total_s"] / ours["total_s"], "steady": steady}
+    return {
+        "adapter": adapter.name,
+        "device": str(device),
+        "dtype": str(next(model.parameters()).dtype),
+        "atoms": [len(s) for s in structures],
+        "steps": len(structures),
+        "backend": backend,
+        "peak_memory_kind": "cuda max_memory_allocated" if device.type == "cuda" else "process max RSS (cumulative)",
+        "variants": results,
+        "ddpad_speedup": ratios,
+    }
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Cumulative wall time against step, one line per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, res in result["variants"].items():
+        ax.plot(range(1, len(res["cumulative_s"]) + 1), res["cumulative_s"], label=f"{name} ({res['graphs']} graphs)")
+    ax.set_xlabel("MD step")
+    ax.set_ylabel("cumulative wall time [s]")
+    ax.set_title(f"ddpad bench {result['adapter']} ({result['device']}, backend {result['backend']})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

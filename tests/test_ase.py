@@ -1,0 +1,52 @@
+"""ASE: the ddpad calculator under ASE dynamics matches the plain model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ase")
+pytest.importorskip("ddpad_toy_plugin", reason="tests/plugin_pkg not installed (nox session core installs it)")
+
+from ase import units  # noqa: E402
+from ase.md.velocitydistribution import MaxwellBoltzmannDistribution  # noqa: E402
+from ase.md.verlet import VelocityVerlet  # noqa: E402
+from ase.optimize import BFGS  # noqa: E402
+
+import ddpad.adapters  # noqa: E402
+from ddpad.ase import Calculator  # noqa: E402
+
+
+def nve_energies(calc: Calculator, steps: int = 60) -> np.ndarray:
+    atoms = ddpad.adapters.get("toy").default_system()
+    atoms.calc = calc
+    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
+    dyn = VelocityVerlet(atoms, 2.0 * units.fs)
+    energies = []
+    dyn.attach(lambda: energies.append(atoms.get_total_energy()), interval=1)
+    dyn.run(steps)
+    return np.array(energies)
+
+
+def test_nve_drift_equals_plain_calculator() -> None:
+    adapter = ddpad.adapters.get("toy")
+    model = adapter.random_model(None, "cpu")
+    padded = Calculator(model, "toy", backend="eager", on_recompile="raise")
+    plain = Calculator(model, "toy", pad=False)
+    e_pad, e_plain = nve_energies(padded), nve_energies(plain)
+    drift_pad, drift_plain = e_pad[-1] - e_pad[0], e_plain[-1] - e_plain[0]
+    assert abs(drift_pad - drift_plain) < 1e-9
+    np.testing.assert_allclose(e_pad, e_plain, rtol=0, atol=1e-9)
+    stats = padded.wrapped.stats
+    assert stats.calls == 61 and stats.max_graphs_per_frame == 1 + stats.growth_calls
+
+
+def test_optimizer_runs_on_the_padded_model() -> None:
+    adapter = ddpad.adapters.get("toy")
+    atoms = adapter.default_system()
+    atoms.rattle(0.05, seed=1)
+    atoms.calc = Calculator(adapter.random_model(None, "cpu"), "toy", compile=False)
+    start = atoms.get_potential_energy()
+    BFGS(atoms, logfile=None).run(fmax=0.05, steps=100)
+    assert atoms.get_potential_energy() < start
+    assert np.abs(atoms.get_forces()).max() < 0.05
