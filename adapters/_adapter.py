@@ -70,6 +70,12 @@ class Adapter:
     default_system
         Optional ``() -> ase.Atoms | list[ase.Atoms]``: the built-in system of
         ``ddpad run`` (periodic bulk or a set of molecules).
+    compile_region
+        Optional ``(model, compile_fn) -> callable``: what to compile. A model
+        that pads at its own seam (``pad_in_forward``) must compile only the
+        part after the seam (the part before it sees unpadded shapes): the
+        adapter applies ``compile_fn`` to that part and returns the model to
+        call. Default: the whole model is compiled.
     evaluate
         Optional ``(model, native_input, *args, **kwargs) -> output``: the
         unpadded eager model, output shaped as the wrapped model's (the
@@ -96,6 +102,7 @@ class Adapter:
     load_model: Callable[[str, str], torch.nn.Module] | None = None
     default_system: Callable[[], Any] | None = None
     evaluate: Callable[..., Any] | None = None
+    compile_region: Callable[[torch.nn.Module, Callable[[Any], Any]], Any] | None = None
 
     def reference(self, model: torch.nn.Module, data: Any, *args: Any, **kwargs: Any) -> Any:
         """The unpadded, uncompiled model's output for ``data`` (not modified)."""

@@ -113,7 +113,7 @@ class _PadderBase:
             caps[self.atoms_key] = counts[self.atoms_key] + self._dead_rows_needed()
         if self.systems_policy is None:
             caps[self.systems_key] = self._system_need(counts[self.systems_key])
-        return self.pad_to(data, caps)
+        return self._pad_counted(data, counts, caps)
 
     def pad_to(self, data: Any, caps: Mapping[str, int]) -> Any:
         """Pad ``data`` to the given caps without resolving or growing them.
@@ -125,7 +125,9 @@ class _PadderBase:
         """
         if data is None:
             return None
-        counts = self._count(data)
+        return self._pad_counted(data, self._count(data), caps)
+
+    def _pad_counted(self, data: Any, counts: dict[str, int], caps: Mapping[str, int]) -> Any:
         self._check_fits(counts, caps)
         self.n_atoms = counts[self.atoms_key]
         self.n_systems = counts[self.systems_key]

@@ -270,6 +270,7 @@ class PaddedModel(torch.nn.Module):
         pad_in_forward: bool = False,
         call: Callable[..., Any] | None = None,
         dynamo_config: Mapping[str, Any] | None = None,
+        compile_region: Callable[[torch.nn.Module, Callable[[Any], Any]], Any] | None = None,
         compile: bool = True,
         caps: Mapping[str, int] | str | os.PathLike[str] | None = None,
         on_recompile: Literal["warn", "raise", "ignore"] = "warn",
@@ -296,7 +297,10 @@ class PaddedModel(torch.nn.Module):
         self.compiled: Callable[..., Any] = model
         if compile:
             compile_kwargs.setdefault("dynamic", False)
-            self.compiled = compile_counted(model, self.stats, **compile_kwargs)
+            if compile_region is None:
+                self.compiled = compile_counted(model, self.stats, **compile_kwargs)
+            else:  # the adapter compiles the part after its padding seam
+                self.compiled = compile_region(model, lambda part: compile_counted(part, self.stats, **compile_kwargs))
         elif compile_kwargs:
             raise TypeError(f"compile=False takes no compile arguments, got {sorted(compile_kwargs)}")
 
@@ -467,6 +471,7 @@ def wrap(
         pad_in_forward=adapter.pad_in_forward,
         call=adapter.call,
         dynamo_config=adapter.dynamo_config,
+        compile_region=adapter.compile_region,
         compile=compile,
         caps=caps,
         on_recompile=on_recompile,

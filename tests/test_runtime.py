@@ -6,6 +6,7 @@ import json
 import logging
 import pathlib
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -203,6 +204,38 @@ def test_inductor_short_run_one_graph_per_frame() -> None:
             assert_same(wrapped(data), model({k: v.clone() for k, v in data.items()}), atol=1e-9)
     assert set(wrapped.stats.graphs_by_call) == {0} and wrapped.stats.max_graphs_per_frame == 1
     assert wrapped.stats.growths == []
+
+
+class SeamModel(torch.nn.Module):
+    """A model that pads at its own seam, as UMA-style models do: eager
+    preprocessing, then the active context's padder, then the core that the
+    adapter compiles (``compile_region``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core = MPNN()
+
+    def forward(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        data = dict(data, positions=data["positions"] * 1.0)  # eager work before the seam
+        return self.core(ddpad.current_dd_context().maybe_pad_graph(data))
+
+
+def compile_core(model: SeamModel, compile_fn: Any) -> SeamModel:
+    model.core = compile_fn(model.core)
+    return model
+
+
+def test_pad_in_forward_through_the_context() -> None:
+    model = SeamModel()
+    plain = model.core
+    wrapped = PaddedModel(model, padder(), pad_in_forward=True, backend="eager", on_recompile="raise",
+                          compile_region=compile_core)
+    for data in trajectory(30, (1, 3), seed=13):
+        ref = plain({k: v.clone() for k, v in data.items()})
+        assert_same(wrapped(data), ref)
+        assert ddpad.current_dd_context() is ddpad.NOT_DISTRIBUTED  # restored after the call
+    check_compiles(wrapped)
+    assert wrapped.stats.growths and set(wrapped.caps) == {"atoms", "edges", "systems"}
 
 
 def test_public_wrap_with_adapter_object() -> None:
