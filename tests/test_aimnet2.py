@@ -94,6 +94,26 @@ def test_exact_over_50_steps_float32() -> None:
     assert result["graphs"] >= 1
 
 
+@pytest.mark.parametrize("config", ["aimnet2_dftd3_wb97m.yaml", "aimnet2_rxn.yaml"])
+def test_long_range_variants_exact(config: str) -> None:
+    """The packaged D3-dispersion and reaction configs: the dead molecule has
+    zero charge and no neighbours in any matrix (Coulomb, D3)."""
+    from ddpad.adapters.aimnet2 import random_model as packaged
+
+    model = packaged(config=config)
+    wrapped = adapters.get("aimnet2").wrap(model, backend="aot_eager", on_recompile="raise")
+    for data in trajectory(model, 8, seed=7):
+        assert_close(wrapped(data), evaluate(model, data), TOL[torch.float32])
+    stats = wrapped.stats
+    growth_calls = {e.call for e in stats.growths}
+    # the D3 module has graph breaks of its own (and frames called at two
+    # sites with different shapes): compiles happen on call 0 and on growth
+    # calls only, and a growth recompiles no more than the first call compiled
+    assert set(stats.graphs_by_call) <= {0} | growth_calls
+    assert all(stats.graphs_by_call[c] <= stats.graphs_by_call[0] for c in growth_calls & set(stats.graphs_by_call))
+    assert stats.unexplained == []
+
+
 @pytest.mark.slow
 def test_exact_float64_in_its_own_process() -> None:
     """aimnet fixes its input dtype from torch's default dtype at import: float64
