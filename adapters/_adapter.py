@@ -70,6 +70,10 @@ class Adapter:
     default_system
         Optional ``() -> ase.Atoms | list[ase.Atoms]``: the built-in system of
         ``ddpad run`` (periodic bulk or a set of molecules).
+    properties
+        Optional ``output -> {"energy", "forces", "stress", ...}``: flat
+        properties of a (nested) native output, for calculators. Default:
+        the output itself.
     compile_region
         Optional ``(model, compile_fn) -> callable``: what to compile. A model
         that pads at its own seam (``pad_in_forward``) must compile only the
@@ -103,6 +107,11 @@ class Adapter:
     default_system: Callable[[], Any] | None = None
     evaluate: Callable[..., Any] | None = None
     compile_region: Callable[[torch.nn.Module, Callable[[Any], Any]], Any] | None = None
+    properties: Callable[[Any], dict[str, Any]] | None = None
+
+    def flat(self, output: Any) -> dict[str, Any]:
+        """Flat properties (energy, forces, stress ...) of a native output."""
+        return self.properties(output) if self.properties is not None else output
 
     def reference(self, model: torch.nn.Module, data: Any, *args: Any, **kwargs: Any) -> Any:
         """The unpadded, uncompiled model's output for ``data`` (not modified)."""

@@ -41,7 +41,7 @@ class _Builtin:
 
 _BUILTINS: Mapping[str, _Builtin] = MappingProxyType({
     "mace": _Builtin("ddpad.adapters.mace:ADAPTER", ("mace", "e3nn"), "pip install 'ddpad[mace]'"),
-    "uma": _Builtin(None, ("fairchem.core",), "pip install 'ddpad[uma]'"),
+    "uma": _Builtin("ddpad.adapters.uma:ADAPTER", ("fairchem.core",), "pip install 'ddpad[uma]'"),
     "aimnet2": _Builtin("ddpad.adapters.aimnet2:ADAPTER", ("aimnet",), "pip install 'ddpad[aimnet2]'"),
 })
 

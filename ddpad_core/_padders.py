@@ -34,6 +34,8 @@ class Fill(enum.Enum):
     DEAD_SHIFT = "dead_shift"
     #: ``(1, 0, 0)``: the lattice shift of a dead self-loop edge (with ``DEAD_CELL``).
     DEAD_UNIT_SHIFT = "dead_unit_shift"
+    #: The last real entry (per-system fields that must hold a valid value, e.g. spin).
+    LAST_REAL = "last_real"
 
 
 FillSpec = Union[int, float, bool, Tensor, Fill]
@@ -144,14 +146,26 @@ class _PadderBase:
             return output[:n_atoms]
         if output is None or not isinstance(output, Mapping):
             return output
-        unpadded = dict(output)
-        for key in self.atom_outputs:
-            if isinstance(unpadded.get(key), Tensor):
-                unpadded[key] = unpadded[key][:n_atoms]
+        return self._unpad_mapping(output, n_atoms)
+
+    def _row_counts(self, n_atoms: int) -> dict[str, int]:
+        """Output key -> real rows."""
+        rows = {key: n_atoms for key in self.atom_outputs}
         if self.n_systems is not None:
-            for key in self.system_outputs:
-                if isinstance(unpadded.get(key), Tensor):
-                    unpadded[key] = unpadded[key][: self.n_systems]
+            rows.update({key: self.n_systems for key in self.system_outputs})
+        return rows
+
+    def _unpad_mapping(self, output: Mapping[str, Any], n_atoms: int) -> dict[str, Any]:
+        """Slice known output keys, at any depth of nested dicts (fairchem
+        nests them per head and property)."""
+        rows = self._row_counts(n_atoms)
+        unpadded = {}
+        for key, value in output.items():
+            if isinstance(value, Mapping):
+                value = self._unpad_mapping(value, n_atoms)
+            elif isinstance(value, Tensor) and key in rows:
+                value = value[: rows[key]]
+            unpadded[key] = value
         return unpadded
 
     def restore(self) -> None:
@@ -254,6 +268,8 @@ class _PadderBase:
                 return dead_system
             if spec is Fill.DEAD_CELL:
                 return torch.eye(3, dtype=like.dtype, device=like.device) * self.dead_length
+            if spec is Fill.LAST_REAL:
+                return like[-1].detach() if like.shape[0] else torch.zeros_like(like[:1])[0]
             row = torch.zeros(like.shape[-1], dtype=like.dtype, device=like.device)
             if getattr(self, "self_loop", False):
                 row[0] = self.dead_length if spec is Fill.DEAD_SHIFT else 1
@@ -336,6 +352,9 @@ class COOPadder(_PadderBase):
     system_count
         A per-system field whose length is the system count, used when there
         is no ``ptr``.
+    atom_counts, edge_counts
+        Per-system atom / edge count fields (fairchem's ``natoms``,
+        ``nedges``): the system holding the dead atoms / dead edges counts them.
     placement
         ``"own"`` (dead system) or ``"join"`` (last real system).
     atom_outputs, system_outputs, edge_outputs
@@ -360,6 +379,8 @@ class COOPadder(_PadderBase):
         system_index: str | None = "batch",
         ptr: str | None = "ptr",
         system_count: str | None = None,
+        atom_counts: str | None = None,
+        edge_counts: str | None = None,
         placement: Placement = "own",
         atom_outputs: Sequence[str] = (),
         system_outputs: Sequence[str] = (),
@@ -405,14 +426,14 @@ class COOPadder(_PadderBase):
         self.edges_key = edges_key
         self.edge_outputs = tuple(edge_outputs)
         self.n_edges: int | None = None
+        self.atom_counts = atom_counts
+        self.edge_counts = edge_counts
 
-    def unpad(self, output: Any, n_real: int | None = None) -> Any:
-        unpadded = super().unpad(output, n_real)
-        if isinstance(unpadded, dict) and self.n_edges is not None:
-            for key in self.edge_outputs:
-                if isinstance(unpadded.get(key), Tensor):
-                    unpadded[key] = unpadded[key][: self.n_edges]
-        return unpadded
+    def _row_counts(self, n_atoms: int) -> dict[str, int]:
+        rows = super()._row_counts(n_atoms)
+        if self.n_edges is not None:
+            rows.update({key: self.n_edges for key in self.edge_outputs})
+        return rows
 
     def _dead_rows_needed(self) -> int:
         return 1 if self.self_loop else 2
@@ -474,6 +495,14 @@ class COOPadder(_PadderBase):
                 padded[:e][invalid] = torch.as_tensor(fill, dtype=padded.dtype, device=padded.device)
             out[name] = padded
         self._pad_systems(data, out, n, n_cap, s, s_cap, dead_system)
+        # dead rows are counted by the system that holds them (dead edges
+        # join dead atoms, so both belong to the dead atoms' system)
+        for name, dead in ((self.atom_counts, n_cap - n), (self.edge_counts, e_cap - e)):
+            if name is not None and name in data:
+                counts = self._rows(name, data[name], s_cap, 0)
+                with torch.no_grad():
+                    counts[dead_system] += dead
+                out[name] = counts
         return out
 
 

@@ -9,6 +9,7 @@ whether it was a recompile), not inferred.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import logging
@@ -102,7 +103,7 @@ class Stats:
     graphs_per_frame
         ``{frame_id: graphs}``: compiles of each compiled Python frame.
     recompiles
-        Compiles of an already compiled frame (Dynamo's frame_compile_id > 0).
+        Compiles of a frame this model had compiled before.
     graphs_by_call
         ``{call: graphs}`` for every call that compiled something.
     growths, shrinks
@@ -174,12 +175,12 @@ class _CountingBackend:
         self.seen.add(key)
         frame = getattr(compile_id, "frame_id", None)
         frame = -1 if frame is None else int(frame)
+        if frame in self.stats.graphs_per_frame:  # a frame this model compiled before
+            self.stats.recompiles += 1
         self.stats.graphs += 1
         self.stats.graphs_per_frame[frame] = self.stats.graphs_per_frame.get(frame, 0) + 1
         call = self.stats.calls  # the call in progress
         self.stats.graphs_by_call[call] = self.stats.graphs_by_call.get(call, 0) + 1
-        if getattr(compile_id, "frame_compile_id", 0):
-            self.stats.recompiles += 1
         return self.inner(gm, example_inputs)
 
     def __getattr__(self, name: str) -> Any:  # reset(), get_compiler_config() ...
@@ -334,8 +335,7 @@ class PaddedModel(torch.nn.Module):
         changed = self._account(call, resolved)
         if self.shrink is not None:
             self._maybe_shrink(call, resolved)
-        # call 0 may recompile frames another wrapper of the same code compiled
-        if call > 0 and self.stats.recompiles > recompiles_before and not changed:
+        if self.stats.recompiles > recompiles_before and not changed:
             self._unexplained(call, self.stats.graphs - graphs_before, failures_before)
         return out
 
@@ -352,13 +352,8 @@ class PaddedModel(torch.nn.Module):
         outer = current_dd_context()
         if outer.graph_padder is not None:
             return outer  # a framework already drives padding
-        return DistributedContext(
-            mesh=outer.mesh, policy=outer.policy, halo_config=outer.halo_config,
-            n_systems_global=outer.n_systems_global, n_atoms_total=outer.n_atoms_total,
-            halo_meta=outer.halo_meta, gather_meta=outer.gather_meta, strategy=outer.strategy,
-            owned_offset=outer.owned_offset, cap_state=self.cap_state, graph_padder=self.padder,
-            cap_atoms=outer.cap_atoms, extras=dict(outer.extras),
-        )
+        inherited = {f.name: getattr(outer, f.name) for f in dataclasses.fields(DistributedContext)}
+        return DistributedContext(**{**inherited, "cap_state": self.cap_state, "graph_padder": self.padder})
 
     def _account(self, call: int, resolved: list[CapResolution]) -> bool:
         """Record growths and fills; True when a known cap changed."""

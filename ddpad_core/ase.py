@@ -77,6 +77,7 @@ class Calculator(_AseCalculator):
         wants_stress = bool(self.atoms.pbc.all()) and "stress" in (properties or [])
         kwargs.update(self.adapter.call_options(wants_stress))
         out = self.wrapped(data, **kwargs) if self.pad else self.adapter.reference(self.model, data, **kwargs)
+        out = self.adapter.flat(out)
         energy = float(out[self.adapter.energy_key].detach().sum())
         self.results = {"energy": energy, "free_energy": energy}
         if "forces" in out and out["forces"] is not None:

@@ -13,7 +13,7 @@ import nox
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONSTRAINTS = str(ROOT / "tests" / "constraints.txt")
 
-nox.options.sessions = ["core", "aimnet2", "mace"]
+nox.options.sessions = ["core", "aimnet2", "mace", "uma"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -58,3 +58,10 @@ def mace(session: nox.Session) -> None:
     """The MACE adapter against mace-torch."""
     _install(session, "mace,test")
     session.run("python", "-m", "pytest", "tests/test_mace.py", "tests/test_registry.py", *session.posargs)
+
+
+@nox.session(python="3.11")
+def uma(session: nox.Session) -> None:
+    """The UMA adapter against fairchem-core (e3nn >= 0.5: its own environment)."""
+    _install(session, "uma,test")
+    session.run("python", "-m", "pytest", "tests/test_uma.py", "tests/test_registry.py", *session.posargs)

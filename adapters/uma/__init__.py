@@ -1,0 +1,243 @@
+"""UMA (``fairchem-core``): padding at the model's own graph seam.
+
+UMA (``HydraModelV2`` over ``eSCNMDBackbone`` / ``eSCNMDMoeBackbone``) builds
+its radius graph inside ``forward`` (``otf_graph=True``). ddpad wraps the
+instance in :class:`PaddedUMA`, whose ``forward`` runs fairchem's own
+``generate_graph`` eagerly, then pads at that seam through
+``current_dd_context().maybe_pad_graph(...)`` (SPEC sections 6-7), then
+calls the compiled model on the padded graph (a copy with
+``otf_graph=False``, which takes a supplied graph). Only the part after the
+seam is compiled, so it always sees the same shapes. No fairchem class is
+patched; the user's model is not modified.
+
+Dead atoms form their own dead system with an anchor pair (``extra=2``)
+placed far outside the real atoms and ``2 * cutoff + 1`` apart; dead edges
+join that pair (zero lattice offsets), so they are non-degenerate, longer
+than the cutoff and their envelope is exactly zero. The dead system copies
+the last real system's charge, spin and task (valid embedding inputs).
+
+Mixture-of-linear-experts: the expert coefficients are per system, so the
+dead system's routing never touches the real systems'. With
+``merge_mole=True`` fairchem merges the experts once, for the composition
+of the data it is prepared with, before wrapping: the merged model has no
+routing left and the dead system runs through the merged weights (its
+outputs are dropped). fairchem's predict unit checks that later batches
+keep that composition; call ``PaddedUMA`` only with the composition the
+model was merged for, as fairchem requires.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ddpad import COOPadder, CapPolicy, Fill, current_dd_context
+from ddpad.adapters import Adapter
+
+__all__ = ["ADAPTER", "PaddedUMA", "build_input", "make_padder", "prepare_model"]
+
+ATOM_FIELDS = {"atomic_numbers": 0, "fixed": 0, "tags": 0}
+SYSTEM_FIELDS: dict[str, Any] = {"cell": Fill.DEAD_CELL, "pbc": False, "charge": Fill.LAST_REAL, "spin": Fill.LAST_REAL}
+GRAPH_FIELDS = ("pos", "atomic_numbers", "cell", "pbc", "natoms", "edge_index", "cell_offsets", "nedges",
+                "charge", "spin", "fixed", "tags", "batch")
+ATOM_OUTPUTS = ("forces", "embeddings")
+SYSTEM_OUTPUTS = ("energy", "stress")
+
+# the reference framework's numbers (SPEC section 6, in-forward padding)
+ATOMS_POLICY = CapPolicy(initial_factor=1.15, grow_factor=1.15, stride=64, extra=2)
+EDGES_POLICY = CapPolicy(initial_factor=1.15, grow_factor=1.15, stride=1024)
+
+
+def _backbone(model: torch.nn.Module) -> Any:
+    return model.backbone if hasattr(model, "backbone") else model.core.backbone
+
+
+def _cutoff(model: torch.nn.Module) -> float:
+    return float(_backbone(model).cutoff)
+
+
+def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
+    """The UMA padder (anchor-pair dead edges, fairchem field names);
+    keyword arguments override :class:`ddpad.COOPadder`'s."""
+    config: dict[str, Any] = dict(
+        positions="pos", atom_fields=ATOM_FIELDS, edge_fields={"cell_offsets": 0.0},
+        system_fields=SYSTEM_FIELDS, system_index="batch", ptr=None, system_count="natoms",
+        atom_counts="natoms", edge_counts="nedges", atom_outputs=ATOM_OUTPUTS,
+        system_outputs=SYSTEM_OUTPUTS, atoms_policy=ATOMS_POLICY, edges_policy=EDGES_POLICY,
+    )
+    config.update(overrides)
+    return COOPadder(_cutoff(model), **config)
+
+
+class PaddedUMA(torch.nn.Module):
+    """A UMA model that pads its graph at the seam after graph generation.
+
+    ``core`` (compiled by ``ddpad.wrap``) is a copy of the model that takes a
+    supplied graph. Outside a ddpad context nothing is padded: the module
+    then equals the original model.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        backbone = model.backbone
+        self.otf_graph = bool(backbone.otf_graph)
+        self.graph_settings = dict(
+            cutoff=backbone.cutoff, max_neighbors=backbone.max_neighbors,
+            enforce_max_neighbors_strictly=backbone.enforce_max_neighbors_strictly,
+            radius_pbc_version=backbone.radius_pbc_version,
+        )
+        self.always_use_pbc = bool(backbone.always_use_pbc)
+        core = copy.deepcopy(model)
+        core.backbone.otf_graph = False
+        # HydraModelV2 sets .device on its first call: a spurious recompile
+        param = next(core.parameters())
+        if hasattr(core, "device"):
+            core.device = param.device.type
+        self.core = core
+
+    def _graph(self, data: Any) -> dict[str, Tensor]:
+        """The graph fields of ``data``, built by fairchem when the model builds its own."""
+        fields = {name: data[name] for name in GRAPH_FIELDS}
+        if not self.otf_graph:
+            return fields
+        from fairchem.core.graph.compute import generate_graph
+
+        n_sys = fields["natoms"].shape[0]
+        pbc = torch.ones(n_sys, 3, dtype=torch.bool) if self.always_use_pbc else fields["pbc"]
+        graph = generate_graph(data, pbc=pbc, **self.graph_settings)
+        fields.update(edge_index=graph["edge_index"], cell_offsets=graph["cell_offsets"].to(fields["pos"].dtype),
+                      nedges=graph["neighbors"])
+        return fields
+
+    def forward(self, data: Any) -> dict[str, Any]:
+        from fairchem.core.datasets.atomic_data import AtomicData
+
+        fields = self._graph(data)
+        n_sys = fields["natoms"].shape[0]
+        padded = current_dd_context().maybe_pad_graph(fields)  # the seam
+        s_cap = padded["natoms"].shape[0]
+        dataset = list(data.dataset) if hasattr(data, "dataset") else None
+        if dataset is not None:  # the dead systems share the last real system's task
+            dataset = dataset + [dataset[-1]] * (s_cap - n_sys)
+        batch = AtomicData(**padded, dataset=dataset, sid=[""] * s_cap)
+        return self.core(batch)
+
+
+def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Wrap ``model`` (left unmodified) in :class:`PaddedUMA`."""
+    if isinstance(model, PaddedUMA):
+        return model
+    if not hasattr(model, "backbone"):
+        raise TypeError(f"the uma adapter takes a fairchem HydraModelV2, got {type(model).__name__}")
+    return PaddedUMA(model)
+
+
+def _compile_core(model: PaddedUMA, compile_fn: Any) -> PaddedUMA:
+    model.core = compile_fn(model.core)
+    return model
+
+
+def _evaluate(model: torch.nn.Module, data: Any) -> Any:
+    """The unpadded eager reference: the original model on a copy of ``data``."""
+    return model(data.clone())
+
+
+def properties(output: dict[str, Any]) -> dict[str, Tensor]:
+    """Flat ``energy`` / ``forces`` / ``stress`` from fairchem's nested
+    ``{head: {property: {property: tensor}}}`` output (the first head with an
+    energy)."""
+    for head in output.values():
+        if isinstance(head, dict) and "energy" in head:
+            return {k: (v[k] if isinstance(v, dict) else v) for k, v in head.items()}
+    raise KeyError(f"no head with an energy in the output (heads: {sorted(output)})")
+
+
+def build_input(
+    model: torch.nn.Module, atoms: Any, *, task: str = "omat", dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+) -> Any:
+    """fairchem's ``AtomicData`` batch for one ``ase.Atoms`` or a list, as its
+    own pipeline builds it (``AtomicData.from_ase`` + ``atomicdata_list_to_batch``);
+    the graph is left to the model (``otf_graph``). ``charge`` / ``spin`` come
+    from ``atoms.info``."""
+    from fairchem.core.datasets.atomic_data import AtomicData, atomicdata_list_to_batch
+
+    structures = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
+    if not structures:
+        raise ValueError("build_input needs at least one structure")
+    param = next(model.parameters())
+    target = dtype or torch.float32
+    graphs = [AtomicData.from_ase(a, task_name=task, r_edges=False, target_dtype=target) for a in structures]
+    return atomicdata_list_to_batch(graphs).to(device if device is not None else param.device)
+
+
+def random_model(
+    dtype: torch.dtype | None = None, device: str = "cpu", *, moe: bool = False, cutoff: float = 4.0, seed: int = 0,
+) -> torch.nn.Module:
+    """A tiny randomly initialised UMA from fairchem's own classes: an
+    ``eSCNMDBackbone`` (or ``eSCNMDMoeBackbone`` with 4 experts) and the
+    energy / force / stress head, random biases too."""
+    from fairchem.core.models.base import HydraModelV2
+    from fairchem.core.models.uma.escn_md import MLP_EFS_Head, eSCNMDBackbone
+    from fairchem.core.models.uma.escn_moe import eSCNMDMoeBackbone
+
+    torch.manual_seed(seed)
+    kwargs: dict[str, Any] = dict(
+        max_num_elements=100, sphere_channels=16, lmax=2, mmax=2, otf_graph=True, max_neighbors=60,
+        cutoff=cutoff, edge_channels=16, num_distance_basis=16, num_layers=2, hidden_channels=16,
+        direct_forces=False, regress_forces=True, regress_stress=True,
+        dataset_mapping={"omol": "omol", "omat": "omat"}, always_use_pbc=False,
+    )
+    if moe:
+        backbone = eSCNMDMoeBackbone(num_experts=4, **kwargs)
+    else:
+        backbone = eSCNMDBackbone(**kwargs)
+    model = HydraModelV2(backbone, {"efs": MLP_EFS_Head(backbone)})
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.normal_(0.0, 0.3)
+    return model.eval().to(dtype=dtype or torch.float32, device=device)
+
+
+def default_system() -> Any:
+    """Periodic bulk: a rattled 3x3x3 fcc-Cu supercell (108 atoms), task ``omat``."""
+    from ase.build import bulk
+
+    atoms = bulk("Cu", cubic=True) * (3, 3, 3)
+    atoms.rattle(0.05, seed=0)
+    atoms.info.update(charge=0, spin=0)
+    return atoms
+
+
+def _load_model(path: str, device: str = "cpu") -> torch.nn.Module:
+    """A local fairchem checkpoint (``.pt``), loaded by fairchem's own loader."""
+    from fairchem.core.units.mlip_unit import load_predict_unit
+
+    unit = load_predict_unit(path, device=device)
+    return unit.model.module
+
+
+ADAPTER = Adapter(
+    name="uma",
+    make_padder=make_padder,
+    energy_key="energy",
+    atom_outputs=ATOM_OUTPUTS,
+    system_outputs=SYSTEM_OUTPUTS,
+    cutoff=_cutoff,
+    build_input=build_input,
+    install_hint="pip install 'ddpad[uma]'",
+    requires=("fairchem.core",),
+    pad_in_forward=True,
+    prepare_model=prepare_model,
+    compile_region=_compile_core,
+    evaluate=_evaluate,
+    properties=properties,
+    dynamo_config={"trace_autograd_ops": True},
+    random_model=random_model,
+    load_model=_load_model,
+    default_system=default_system,
+)
