@@ -26,6 +26,7 @@ from ._padders import COOPadder, DenseBatchPadder, DensePadder, Fill, FillSpec
 from ._protocol import GraphPadder
 from ._runtime import (
     CapEvent,
+    Evaluator,
     PaddedModel,
     RecompileError,
     ShrinkPolicy,
@@ -48,6 +49,7 @@ __all__ = [
     "DenseBatchPadder",
     "DensePadder",
     "DistributedContext",
+    "Evaluator",
     "Fill",
     "FillSpec",
     "GatherMeta",

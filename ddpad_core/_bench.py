@@ -7,7 +7,6 @@ deletions). Compile events are counted from Dynamo's own compile ids.
 
 from __future__ import annotations
 
-import contextlib
 import resource
 import statistics
 import time
@@ -17,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._runtime import Stats, compile_counted, wrap
+from ._runtime import Stats, UnpaddedCompiled, wrap
 
 __all__ = ["VARIANTS", "fluctuating_trajectory", "run_bench"]
 
@@ -104,12 +103,6 @@ def run_bench(
     build = adapter.input_builder(model)
     inputs = [build(s) for s in structures]
     kwargs = dict(call_kwargs or {})
-    prepared = adapter.prepare_model(model) if adapter.prepare_model is not None else model
-    scoped = adapter.dynamo_config
-
-    def clone(data: Any) -> Any:
-        return {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in data.items()}
-
     results: dict[str, dict[str, Any]] = {}
     for name in variants:
         stats = Stats()
@@ -124,15 +117,12 @@ def run_bench(
                 return wrapped(data, **kwargs)
         else:
             dynamic = {"compile-static": False, "compile-dynamic": True, "compile-default": None}[name]
-            compiled = compile_counted(prepared, stats, backend=backend, dynamic=dynamic)
+            unpadded = UnpaddedCompiled(model, adapter, backend=backend, dynamic=dynamic)
+            stats = unpadded.stats
 
-            def step(data: Any, compiled: Any = compiled) -> Any:
-                patch = torch._dynamo.config.patch(**scoped) if scoped else contextlib.nullcontext()
-                with patch:
-                    if adapter.call is not None:
-                        return adapter.call(compiled, clone(data), **kwargs)
-                    return compiled(clone(data), **kwargs)
-        results[name] = _timed(step, inputs, stats, device, advance_calls=name != "ddpad")
+            def step(data: Any, unpadded: UnpaddedCompiled = unpadded) -> Any:
+                return unpadded(data, **kwargs)
+        results[name] = _timed(step, inputs, stats, device, advance_calls=name == "eager")
     ratios = {}
     if "ddpad" in results:
         ours = results["ddpad"]

@@ -31,12 +31,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CapEvent",
+    "Evaluator",
     "compile_counted",
     "PaddedModel",
     "RecompileError",
     "ShrinkPolicy",
     "Stats",
+    "UnpaddedCompiled",
     "load_caps",
+    "resolve_adapter",
     "save_caps",
     "wrap",
 ]
@@ -335,7 +338,9 @@ class PaddedModel(torch.nn.Module):
         changed = self._account(call, resolved)
         if self.shrink is not None:
             self._maybe_shrink(call, resolved)
-        if self.stats.recompiles > recompiles_before and not changed:
+        # the first call may compile a frame more than once (a function called
+        # at several sites with different shapes): only later ones are suspect
+        if call > 0 and self.stats.recompiles > recompiles_before and not changed:
             self._unexplained(call, self.stats.graphs - graphs_before, failures_before)
         return out
 
@@ -422,6 +427,79 @@ class PaddedModel(torch.nn.Module):
         self.cap_state.update(load_caps(source))
 
 
+def resolve_adapter(adapter: Adapter | str) -> Adapter:
+    """An :class:`~ddpad.adapters.Adapter`, looked up by name if need be."""
+    if isinstance(adapter, str):
+        from ddpad import adapters
+
+        return adapters.get(adapter)
+    return adapter
+
+
+class UnpaddedCompiled:
+    """The adapter's model compiled *without* padding: what ddpad is measured
+    against (``ddpad bench``, ``ddpad.torchsim.Model(pad=False)``). Compile
+    events land in ``stats``; every call advances ``stats.calls``."""
+
+    def __init__(self, model: torch.nn.Module, adapter: Adapter | str, **compile_kwargs: Any) -> None:
+        self.adapter = resolve_adapter(adapter)
+        prepared = self.adapter.prepare_model(model) if self.adapter.prepare_model is not None else model
+        self.stats = Stats()
+        region = self.adapter.compile_region
+        if region is None:
+            self.compiled = compile_counted(prepared, self.stats, **compile_kwargs)
+        else:  # outside a ddpad context the seam pads nothing
+            self.compiled = region(prepared, lambda part: compile_counted(part, self.stats, **compile_kwargs))
+
+    def __call__(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(data, Mapping):  # the model may write into its input
+            data = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in data.items()}
+        scoped = self.adapter.dynamo_config
+        try:
+            with torch._dynamo.config.patch(**scoped) if scoped else contextlib.nullcontext():
+                if self.adapter.call is not None:
+                    return self.adapter.call(self.compiled, data, *args, **kwargs)
+                return self.compiled(data, *args, **kwargs)
+        finally:
+            self.stats.calls += 1
+
+
+_PADDING_OPTIONS = frozenset({"padder", "caps", "on_recompile", "shrink"})
+
+
+class Evaluator:
+    """``atoms -> flat properties`` for engine integrations (ASE, torch-sim):
+    builds the adapter's native input and runs the padded model (``pad=True``),
+    the unpadded compiled model (``pad=False, compile=True``) or the plain
+    eager model (``pad=False, compile=False``, the reference)."""
+
+    def __init__(self, model: torch.nn.Module, adapter: Adapter | str, *, pad: bool = True,
+                 compile: bool = True, **wrap_kwargs: Any) -> None:
+        self.adapter = resolve_adapter(adapter)
+        self.model = model
+        self.build = self.adapter.input_builder(model)
+        self.wrapped: PaddedModel | None = wrap(model, self.adapter, compile=compile, **wrap_kwargs) if pad else None
+        compile_kwargs = {k: v for k, v in wrap_kwargs.items() if k not in _PADDING_OPTIONS}
+        self.unpadded = UnpaddedCompiled(model, self.adapter, **compile_kwargs) if compile and not pad else None
+
+    @property
+    def stats(self) -> Stats | None:
+        """Compile and cap statistics (``None`` for the plain eager model)."""
+        runner = self.wrapped if self.wrapped is not None else self.unpadded
+        return None if runner is None else runner.stats
+
+    def __call__(self, atoms: Any, *, stress: bool = False, **kwargs: Any) -> dict[str, Any]:
+        data = self.build(atoms)
+        options = {**self.adapter.call_options(stress), **kwargs}
+        if self.wrapped is not None:
+            out = self.wrapped(data, **options)
+        elif self.unpadded is not None:
+            out = self.unpadded(data, **options)
+        else:
+            out = self.adapter.reference(self.model, data, **options)
+        return self.adapter.flat(out)
+
+
 def wrap(
     model: torch.nn.Module,
     adapter: Adapter | str,
@@ -454,10 +532,7 @@ def wrap(
     shrink
         A :class:`ShrinkPolicy` to let caps shrink after long low fill; off by default.
     """
-    if isinstance(adapter, str):
-        from ddpad import adapters
-
-        adapter = adapters.get(adapter)
+    adapter = resolve_adapter(adapter)
     model = adapter.prepare_model(model) if adapter.prepare_model is not None else model
     return PaddedModel(
         model,

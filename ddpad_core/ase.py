@@ -17,12 +17,17 @@ import torch
 try:
     from ase.calculators.calculator import Calculator as _AseCalculator
     from ase.calculators.calculator import all_changes
+    from ase.stress import full_3x3_to_voigt_6_stress
 except ImportError as exc:  # pragma: no cover - exercised only without ase
     raise ImportError("ddpad.ase needs ASE: pip install ase (or any model extra, e.g. 'ddpad[mace]')") from exc
 
-from ._runtime import PaddedModel, wrap
+from ._runtime import Evaluator, PaddedModel
 
 __all__ = ["Calculator"]
+
+
+def _numpy(value: torch.Tensor) -> np.ndarray:
+    return value.detach().cpu().numpy().astype(np.float64)
 
 
 class Calculator(_AseCalculator):
@@ -31,21 +36,22 @@ class Calculator(_AseCalculator):
     Parameters
     ----------
     model
-        The model (e.g. a MACE or AIMNet2 module).
+        The model (e.g. a MACE, AIMNet2 or UMA module).
     adapter
         Adapter name or :class:`~ddpad.adapters.Adapter`.
     compile
         Compile the model (``False`` still pads: eager, fixed shapes).
     pad
-        ``False`` runs the plain model (no padding, no compile): the reference.
+        ``False`` runs the model without padding (with ``compile=False``: the
+        plain eager model, the reference).
     call_kwargs
-        Options passed on every model call (e.g. ``{"compute_stress": True}``).
+        Options passed on every model call.
     **wrap_kwargs
         Passed to :func:`ddpad.wrap` (``backend``, ``caps``, ``on_recompile`` ...).
 
     Attributes
     ----------
-    wrapped : PaddedModel
+    wrapped : PaddedModel or None
         The fixed-shape model; ``calc.wrapped.stats`` has graphs, growths, fill.
     """
 
@@ -62,31 +68,19 @@ class Calculator(_AseCalculator):
         **wrap_kwargs: Any,
     ) -> None:
         super().__init__()
-        self.wrapped: PaddedModel = wrap(model, adapter, compile=compile and pad, **wrap_kwargs)
-        self.adapter = self.wrapped.adapter
-        assert self.adapter is not None
-        self.model = model
-        self.pad = pad
-        self.build = self.adapter.input_builder(model)
+        self.evaluate = Evaluator(model, adapter, pad=pad, compile=compile, **wrap_kwargs)
+        self.wrapped: PaddedModel | None = self.evaluate.wrapped
         self.call_kwargs = dict(call_kwargs or {})
 
     def calculate(self, atoms: Any = None, properties: Any = None, system_changes: Any = all_changes) -> None:
         super().calculate(atoms, properties, system_changes)
-        data = self.build(self.atoms)
-        kwargs = dict(self.call_kwargs)
         wants_stress = bool(self.atoms.pbc.all()) and "stress" in (properties or [])
-        kwargs.update(self.adapter.call_options(wants_stress))
-        out = self.wrapped(data, **kwargs) if self.pad else self.adapter.reference(self.model, data, **kwargs)
-        out = self.adapter.flat(out)
-        energy = float(out[self.adapter.energy_key].detach().sum())
+        out = self.evaluate(self.atoms, stress=wants_stress, **self.call_kwargs)
+        energy = float(out[self.evaluate.adapter.energy_key].detach().sum())
         self.results = {"energy": energy, "free_energy": energy}
-        if "forces" in out and out["forces"] is not None:
-            self.results["forces"] = out["forces"].detach().cpu().numpy().astype(np.float64)
-        for key in ("node_energy", "energies"):
-            if isinstance(out.get(key), torch.Tensor):
-                self.results["energies"] = out[key].detach().cpu().numpy().astype(np.float64)
-        stress = out.get("stress")
-        if wants_stress and isinstance(stress, torch.Tensor):
-            from ase.stress import full_3x3_to_voigt_6_stress
-
-            self.results["stress"] = full_3x3_to_voigt_6_stress(stress.detach().cpu().numpy().reshape(3, 3))
+        if isinstance(out.get("forces"), torch.Tensor):
+            self.results["forces"] = _numpy(out["forces"])
+        if isinstance(out.get("node_energy"), torch.Tensor):
+            self.results["energies"] = _numpy(out["node_energy"])
+        if wants_stress and isinstance(out.get("stress"), torch.Tensor):
+            self.results["stress"] = full_3x3_to_voigt_6_stress(_numpy(out["stress"]).reshape(3, 3))

@@ -73,3 +73,21 @@ def langevin(atoms: Any, eager: Any, temperature_k: float, check: int) -> Any:
 
     dyn.attach(compare, interval=1)
     return dyn
+
+
+def md_example(name: str, dtype: torch.dtype | None, temperature_k: float, description: str) -> None:
+    """The MD example for adapter ``name``: its built-in system under Langevin
+    dynamics with the compiled, padded model, first steps checked against the
+    plain eager model."""
+    import ddpad.adapters
+    from ddpad.ase import Calculator
+
+    args = parse(description, steps=200)
+    adapter = ddpad.adapters.get(name)
+    model = model_for(adapter, args.model, dtype, args.device)
+    atoms = adapter.default_system()
+    atoms.calc = Calculator(model, name, backend=args.backend)
+    dyn = langevin(atoms, Calculator(model, name, pad=False, compile=False), temperature_k, args.check)
+    molecules = len(set(atoms.arrays["mol_id"])) if "mol_id" in atoms.arrays else None
+    print(f"{len(atoms)} atoms" + (f" in {molecules} molecules" if molecules else "") + f" on {args.device}")
+    report(atoms.calc, run(dyn, atoms, args.steps))

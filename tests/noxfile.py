@@ -13,7 +13,7 @@ import nox
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONSTRAINTS = str(ROOT / "tests" / "constraints.txt")
 
-nox.options.sessions = ["core", "aimnet2", "mace", "uma"]
+nox.options.sessions = ["core", "aimnet2", "mace", "uma", "torchsim"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -65,3 +65,10 @@ def uma(session: nox.Session) -> None:
     """The UMA adapter against fairchem-core (e3nn >= 0.5: its own environment)."""
     _install(session, "uma,test")
     session.run("python", "-m", "pytest", "tests/test_uma.py", "tests/test_registry.py", *session.posargs)
+
+
+@nox.session(python="3.11")
+def torchsim(session: nox.Session) -> None:
+    """torch-sim (0.3.0: the release for Python 3.11) with MACE as the model."""
+    _install(session, "mace,torchsim,test")
+    session.run("python", "-m", "pytest", "tests/test_torchsim.py", *session.posargs)

@@ -1,0 +1,91 @@
+"""A torch-sim model interface over any adapter's fixed-shape (compiled) model.
+
+Requires ``torch-sim-atomistic`` (tested: 0.3.0, the release that installs
+on Python 3.11; its ``ModelInterface`` and runners are what this module
+codes against)::
+
+    import torch_sim as ts
+    from ddpad.torchsim import Model
+
+    model = Model(mace_model, "mace", compute_stress=True, backend="inductor")
+    final = ts.optimize(system=structures, model=model, optimizer=ts.frechet_cell_fire)
+
+Systems joining and leaving the batch change the atom, edge and system
+counts nearly every step; the ``"systems"`` cap (plus the dead system)
+keeps the compiled shapes fixed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+try:
+    import torch_sim as ts
+    from torch_sim.models.interface import ModelInterface
+except ImportError as exc:  # pragma: no cover - exercised only without torch-sim
+    raise ImportError("ddpad.torchsim needs torch-sim: pip install 'ddpad[torchsim]'") from exc
+
+from ._runtime import Evaluator, PaddedModel
+
+__all__ = ["Model"]
+
+
+class Model(ModelInterface):
+    """torch-sim ``ModelInterface`` over ``ddpad.wrap(model, adapter, ...)``.
+
+    Parameters
+    ----------
+    model
+        The model (MACE, AIMNet2, UMA ...).
+    adapter
+        Adapter name or :class:`~ddpad.adapters.Adapter`.
+    compute_forces, compute_stress
+        What ``forward`` returns besides the energy.
+    pad
+        ``False`` runs the model without padding: eagerly (``compile=False``,
+        the reference) or compiled (what ddpad is measured against).
+    compile
+        Compile the model.
+    **wrap_kwargs
+        Passed to :func:`ddpad.wrap` (``backend``, ``caps``, ``on_recompile`` ...).
+
+    Notes
+    -----
+    Each step converts the state to ``ase.Atoms`` and builds the model's
+    native input with the adapter's own pipeline (for MACE: mace's data
+    pipeline and neighbour list, on the CPU). ``self.wrapped.stats`` has the
+    compiled graphs, growths and fill.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        adapter: Any,
+        *,
+        compute_forces: bool = True,
+        compute_stress: bool = False,
+        pad: bool = True,
+        compile: bool = True,
+        **wrap_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self.evaluate = Evaluator(model, adapter, pad=pad, compile=compile, **wrap_kwargs)
+        self.wrapped: PaddedModel | None = self.evaluate.wrapped
+        param = next(model.parameters())
+        self._device = param.device
+        self._dtype = param.dtype
+        self._compute_forces = compute_forces
+        self._compute_stress = compute_stress
+
+    def forward(self, state: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        if isinstance(state, dict):
+            state = ts.SimState(**state, masses=torch.ones_like(state["positions"]))
+        out = self.evaluate(ts.io.state_to_atoms(state), stress=self._compute_stress, **kwargs)
+        results = {"energy": out[self.evaluate.adapter.energy_key].detach().to(self._dtype)}
+        if self._compute_forces:
+            results["forces"] = out["forces"].detach().to(self._dtype)
+        if self._compute_stress:
+            results["stress"] = out["stress"].detach().to(self._dtype).reshape(-1, 3, 3)
+        return results
