@@ -70,6 +70,9 @@ class Adapter:
     default_system
         Optional ``() -> ase.Atoms | list[ase.Atoms]``: the built-in system of
         ``ddpad run`` (periodic bulk or a set of molecules).
+    native_padding
+        Optional ``model -> (atoms -> padded native input)``: the model
+        package's own padding, benchmarked by ``ddpad bench`` beside ddpad.
     properties
         Optional ``output -> {"energy", "forces", "stress", ...}``: flat
         properties of a (nested) native output, for calculators. Default:
@@ -108,6 +111,7 @@ class Adapter:
     evaluate: Callable[..., Any] | None = None
     compile_region: Callable[[torch.nn.Module, Callable[[Any], Any]], Any] | None = None
     properties: Callable[[Any], dict[str, Any]] | None = None
+    native_padding: Callable[[torch.nn.Module], Callable[[Any], Any]] | None = None
 
     def flat(self, output: Any) -> dict[str, Any]:
         """Flat properties (energy, forces, stress ...) of a native output."""

@@ -20,7 +20,7 @@ from ._runtime import Stats, UnpaddedCompiled, wrap
 
 __all__ = ["VARIANTS", "fluctuating_trajectory", "run_bench"]
 
-VARIANTS = ("eager", "compile-static", "compile-dynamic", "compile-default", "ddpad")
+VARIANTS = ("eager", "compile-static", "compile-dynamic", "compile-default", "native-padding", "ddpad")
 
 
 def fluctuating_trajectory(atoms: Any, steps: int, rattle: float, rate: float, seed: int = 0) -> list[Any]:
@@ -100,15 +100,26 @@ def run_bench(
     if unknown:
         raise ValueError(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
     device = next(model.parameters()).device
+    if adapter.native_padding is None:  # only for packages that pad themselves (mace)
+        variants = tuple(v for v in variants if v != "native-padding")
     build = adapter.input_builder(model)
     inputs = [build(s) for s in structures]
     kwargs = dict(call_kwargs or {})
     results: dict[str, dict[str, Any]] = {}
     for name in variants:
         stats = Stats()
+        variant_inputs = inputs
         if name == "eager":
             def step(data: Any) -> Any:
                 return adapter.reference(model, data, **kwargs)
+        elif name == "native-padding":  # the package's own padding, compiled statically
+            native = adapter.native_padding(model)
+            variant_inputs = [native(s) for s in structures]
+            unpadded = UnpaddedCompiled(model, adapter, backend=backend, dynamic=False)
+            stats = unpadded.stats
+
+            def step(data: Any, unpadded: UnpaddedCompiled = unpadded) -> Any:
+                return unpadded(data, **kwargs)
         elif name == "ddpad":
             wrapped = wrap(model, adapter, backend=backend, on_recompile="ignore")
             stats = wrapped.stats
@@ -122,7 +133,7 @@ def run_bench(
 
             def step(data: Any, unpadded: UnpaddedCompiled = unpadded) -> Any:
                 return unpadded(data, **kwargs)
-        results[name] = _timed(step, inputs, stats, device, advance_calls=name == "eager")
+        results[name] = _timed(step, variant_inputs, stats, device, advance_calls=name == "eager")
     ratios = {}
     if "ddpad" in results:
         ours = results["ddpad"]

@@ -137,6 +137,46 @@ def build_input(
     return batch.to_dict()
 
 
+def native_padding(model: torch.nn.Module) -> Any:
+    """mace-torch's own padding, as ``MACECalculator(compile_mode=...)`` does it
+    (``mace/data/padding_tools.py``): pad targets set from the first structure
+    (atoms: its count; edges: x1.25 rounded up to 64, bumped when exceeded), a
+    fake graph appended, and one extra fake atom whenever only edges need
+    padding. Returns ``atoms -> batch dict``; for ``ddpad bench``."""
+    from mace import data as mace_data
+    from mace.calculators.mace import _EDGE_PAD_HEADROOM, _EDGE_PAD_MULTIPLE, _round_up
+    from mace.data.padding_tools import build_fake_padding_graph
+    from mace.tools import torch_geometric, torch_tools, utils
+
+    z_table = utils.AtomicNumberTable([int(z) for z in model.atomic_numbers])
+    heads = list(getattr(model, "heads", None) or ["Default"])
+    param = next(model.parameters())
+    dtype_name = "float64" if param.dtype == torch.float64 else "float32"
+    targets: dict[str, int] = {}
+
+    def build(atoms: Any) -> dict[str, Tensor]:
+        with torch_tools.default_dtype(dtype_name):
+            real = mace_data.AtomicData.from_config(
+                mace_data.config_from_atoms(atoms, head_name=heads[0]), z_table=z_table,
+                cutoff=_cutoff(model), heads=heads,
+            )
+        n, e = int(real["node_attrs"].shape[0]), int(real["edge_index"].shape[1])
+        if not targets:
+            targets.update(atoms=n, edges=_round_up(int(e * _EDGE_PAD_HEADROOM), _EDGE_PAD_MULTIPLE))
+        elif e > targets["edges"]:
+            targets["edges"] = _round_up(int(e * _EDGE_PAD_HEADROOM), _EDGE_PAD_MULTIPLE)
+        pad_atoms, pad_edges = max(n, targets["atoms"]) - n, max(e, targets["edges"]) - e
+        graphs = [real]
+        if pad_atoms > 0 or pad_edges > 0:
+            if pad_edges > 0 >= pad_atoms:  # mace's rule: the extra atom that changes the shape
+                pad_atoms = 1
+            graphs.append(build_fake_padding_graph(real, num_atoms=pad_atoms, num_edges=pad_edges, r_max=_cutoff(model)))
+        batch = torch_geometric.Batch.from_data_list(graphs).to(param.device)
+        return batch.to_dict()
+
+    return build
+
+
 def random_model(
     dtype: torch.dtype = torch.float64,
     device: str = "cpu",
@@ -198,4 +238,5 @@ ADAPTER = Adapter(
     random_model=random_model,
     load_model=load_model,
     default_system=default_system,
+    native_padding=native_padding,
 )
