@@ -46,6 +46,8 @@ class _PadderBase:
     """Systems, placement, fills, persistent buffers and ``unpad``: what every
     built-in padder shares. Subclasses implement ``_count`` and ``_pad_to``."""
 
+    self_loop = False  # dead edges as self-loops through the dead cell (COO only)
+
     def __init__(
         self,
         *,
@@ -169,8 +171,12 @@ class _PadderBase:
         return unpadded
 
     def restore(self) -> None:
-        """Reset what the model may have set on the padded tensors (their
-        ``requires_grad``, ``.grad``) so the next call sees the same inputs."""
+        """Reset the persistent buffers' ``requires_grad`` and ``.grad``.
+
+        The model gets fresh aliases of the buffers each call, so flags it sets
+        on its inputs (mace and UMA call ``requires_grad_``) never persist;
+        this resets anything set on the buffers themselves. Frameworks call it
+        after every padded forward (nvalchemi's protocol expects it)."""
         for buf in self._buffers.values():
             buf.grad = None
             if buf.requires_grad:
@@ -271,7 +277,7 @@ class _PadderBase:
             if spec is Fill.LAST_REAL:
                 return like[-1].detach() if like.shape[0] else torch.zeros_like(like[:1])[0]
             row = torch.zeros(like.shape[-1], dtype=like.dtype, device=like.device)
-            if getattr(self, "self_loop", False):
+            if self.self_loop:
                 row[0] = self.dead_length if spec is Fill.DEAD_SHIFT else 1
             return row
         if isinstance(spec, Tensor):
