@@ -2,8 +2,8 @@
 
 The framework side of SPEC section 4: :class:`PaddedModel` owns *when*
 padding happens. Compiles are counted from Dynamo's own compile events (the
-backend is called once per graph Dynamo compiles; the compile id says
-whether it was a recompile), not inferred.
+backend is called once per graph Dynamo compiles, with its compile id: frame
+and attempt), not inferred.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ if TYPE_CHECKING:
 __all__ = [
     "CapEvent",
     "Evaluator",
-    "compile_counted",
     "PaddedModel",
     "RecompileError",
     "ShrinkPolicy",
     "Stats",
     "UnpaddedCompiled",
+    "compile_counted",
     "load_caps",
     "resolve_adapter",
     "save_caps",
