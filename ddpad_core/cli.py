@@ -109,12 +109,15 @@ def _model(adapter: Any, path: str | None, dtype: torch.dtype, device: str) -> t
 
 
 def _progress(step: int, total: int, started: float) -> None:
+    """A progress bar on a terminal; a line per 10 % otherwise (logs, CI)."""
     width = 30
     done = int(width * step / total)
     rate = step / max(time.perf_counter() - started, 1e-9)
-    sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] {step}/{total} steps, {rate:6.2f} steps/s")
-    if step == total:
-        sys.stderr.write("\n")
+    line = f"[{'#' * done}{'.' * (width - done)}] {step}/{total} steps, {rate:6.2f} steps/s"
+    if sys.stderr.isatty():
+        sys.stderr.write("\r" + line + ("\n" if step == total else ""))
+    elif step == total or step % max(1, total // 10) == 0:
+        sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 
