@@ -55,7 +55,7 @@ class _State:
 # Registrations and the load cache live in a context variable (no module-level
 # mutable state); updates replace the immutable value.
 _STATE: contextvars.ContextVar[_State] = contextvars.ContextVar(
-    "ddpad_adapters", default=_State(MappingProxyType({}), MappingProxyType({}))
+    "ddpad_adapters", default=_State(MappingProxyType({}), MappingProxyType({}))  # noqa: B039 - frozen, read-only
 )
 
 

@@ -124,7 +124,7 @@ def run_bench(
             wrapped = wrap(model, adapter, backend=backend, on_recompile="ignore")
             stats = wrapped.stats
 
-            def step(data: Any) -> Any:
+            def step(data: Any, wrapped: Any = wrapped) -> Any:
                 return wrapped(data, **kwargs)
         else:
             dynamic = {"compile-static": False, "compile-dynamic": True, "compile-default": None}[name]

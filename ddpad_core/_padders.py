@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -38,7 +38,7 @@ class Fill(enum.Enum):
     LAST_REAL = "last_real"
 
 
-FillSpec = Union[int, float, bool, Tensor, Fill]
+FillSpec = int | float | bool | Tensor | Fill
 Placement = Literal["own", "join"]
 
 

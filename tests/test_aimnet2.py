@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.resources
 import os
 import subprocess
 import sys
@@ -17,28 +16,12 @@ ase_build = pytest.importorskip("ase.build")
 
 import ddpad  # noqa: E402
 import ddpad.adapters as adapters  # noqa: E402
-from ddpad.adapters.aimnet2 import evaluate, make_padder  # noqa: E402
+from ddpad.adapters.aimnet2 import evaluate, make_padder, random_model  # noqa: E402
 
 MOLECULES = ("H2O", "CH4", "NH3", "C2H6", "CH3OH", "C6H6", "CH3CHO", "HCOOH")
 # float32: per-row arithmetic is identical, only the autograd reductions
 # reassociate; measured max |dF| ~1e-5 for forces of O(1-10).
 TOL = {torch.float32: 5e-5, torch.float64: 1e-10}
-
-
-def random_model(config: str = "aimnet2.yaml", seed: int = 0) -> torch.nn.Module:
-    """A randomly initialised AIMNet2 from the packaged config, biases random
-    too (zero biases would hide a dead-atom leak)."""
-    import yaml
-    from aimnet.config import build_module
-
-    path = importlib.resources.files("aimnet") / "models" / config
-    torch.manual_seed(seed)
-    model = build_module(yaml.safe_load(path.read_text()))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.normal_(0.0, 0.3)
-    return model.to(torch.get_default_dtype())
 
 
 def trajectory(model: torch.nn.Module, steps: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
@@ -98,9 +81,7 @@ def test_exact_over_50_steps_float32() -> None:
 def test_long_range_variants_exact(config: str) -> None:
     """The packaged D3-dispersion and reaction configs: the dead molecule has
     zero charge and no neighbours in any matrix (Coulomb, D3)."""
-    from ddpad.adapters.aimnet2 import random_model as packaged
-
-    model = packaged(config=config)
+    model = random_model(config=config)
     wrapped = adapters.get("aimnet2").wrap(model, backend="aot_eager", on_recompile="raise")
     for data in trajectory(model, 8, seed=7):
         assert_close(wrapped(data), evaluate(model, data), TOL[torch.float32])

@@ -41,9 +41,8 @@ def test_nesting_restores_and_exceptions_restore() -> None:
                 assert current_dd_context() is inner
             assert current_dd_context() is inner
         assert current_dd_context() is outer
-        with pytest.raises(ValueError):
-            with activate_dd_context(inner):
-                raise ValueError("boom")
+        with pytest.raises(ValueError), activate_dd_context(inner):
+            raise ValueError("boom")
         assert current_dd_context() is outer
     assert current_dd_context() is NOT_DISTRIBUTED
 

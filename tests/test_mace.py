@@ -16,6 +16,7 @@ from ase.build import bulk  # noqa: E402
 import ddpad  # noqa: E402
 import ddpad.adapters as adapters  # noqa: E402
 from _spawn import run_ranks  # noqa: E402
+from ddpad.adapters import mace as mace_adapter  # noqa: E402
 from ddpad.adapters.mace import make_padder  # noqa: E402
 
 R_MAX = 3.0
@@ -25,19 +26,7 @@ ZS = (1, 6, 8)
 def random_model(seed: int = 0) -> torch.nn.Module:
     """A random ScaleShiftMACE: float64, 3 elements, 2 interactions, non-zero
     per-atom shift and E0s (so a dead atom joined to a real graph would leak)."""
-    from e3nn import o3
-    from mace import modules
-
-    torch.manual_seed(seed)
-    block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
-    model = modules.ScaleShiftMACE(
-        r_max=R_MAX, num_bessel=8, num_polynomial_cutoff=6, max_ell=2, interaction_cls=block,
-        interaction_cls_first=block, num_interactions=2, num_elements=3,
-        hidden_irreps=o3.Irreps("8x0e + 8x1o"), MLP_irreps=o3.Irreps("8x0e"), gate=torch.nn.functional.silu,
-        atomic_energies=np.array([-1.3, -2.1, -3.7]), avg_num_neighbors=10.0, atomic_numbers=list(ZS),
-        correlation=2, radial_type="bessel", atomic_inter_scale=1.5, atomic_inter_shift=0.7,
-    )
-    return model.double()
+    return mace_adapter.random_model(torch.float64, r_max=R_MAX, atomic_numbers=ZS, seed=seed)
 
 
 def structure(step: int, rng: np.random.Generator, cells: tuple[int, int, int] = (2, 2, 2)) -> Any:
