@@ -84,6 +84,7 @@ class _PadderBase:
         self.n_systems: int | None = None
         self.caps: dict[str, int] = {}
         self._buffers: dict[str, Tensor] = {}
+        self.allocations = 0  # cap-sized buffers allocated so far (steady state: none)
 
     # -- the protocol ---------------------------------------------------------
 
@@ -246,6 +247,7 @@ class _PadderBase:
         if buf is None or buf.shape != shape or buf.dtype != like.dtype or buf.device != like.device:
             buf = torch.empty(shape, dtype=like.dtype, device=like.device)
             self._buffers[name] = buf
+            self.allocations += 1
         return buf
 
     def _rows(self, name: str, real: Tensor, n_rows: int, dead: Tensor | float | int | bool) -> Tensor:

@@ -117,6 +117,10 @@ class Stats:
         ``real / cap`` per key on the last call.
     pad_seconds, last_pad_seconds
         Time spent padding and unpadding, total and on the last call.
+    pad_allocations, last_pad_allocations
+        Cap-sized buffers the padder allocated, total and on the last call
+        (zero in steady state; only a growth reallocates). ``None`` for a
+        padder that does not report them.
     unexplained
         Guard-failure reasons of recompiles that no cap change explained.
     """
@@ -132,6 +136,8 @@ class Stats:
     fill: dict[str, float] = field(default_factory=dict)
     pad_seconds: float = 0.0
     last_pad_seconds: float = 0.0
+    pad_allocations: int | None = None
+    last_pad_allocations: int | None = None
     unexplained: list[str] = field(default_factory=list)
 
     @property
@@ -158,6 +164,7 @@ class Stats:
             "caps": dict(self.caps),
             "fill": dict(self.fill),
             "pad_seconds": self.pad_seconds,
+            "pad_allocations": self.pad_allocations,
             "unexplained": list(self.unexplained),
         }
 
@@ -312,6 +319,7 @@ class PaddedModel(torch.nn.Module):
 
     def forward(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         graphs_before, recompiles_before = self.stats.graphs, self.stats.recompiles
+        allocations_before = getattr(self.padder, "allocations", None)
         failures_before = _guard_failure_counts() if self.on_recompile != "ignore" else {}
         pad_seconds = 0.0
         with record_resolutions() as resolved:
@@ -335,6 +343,9 @@ class PaddedModel(torch.nn.Module):
         self.stats.calls += 1
         self.stats.pad_seconds += pad_seconds
         self.stats.last_pad_seconds = pad_seconds
+        if allocations_before is not None:
+            self.stats.pad_allocations = self.padder.allocations  # type: ignore[attr-defined]
+            self.stats.last_pad_allocations = self.padder.allocations - allocations_before  # type: ignore[attr-defined]
         changed = self._account(call, resolved)
         if self.shrink is not None:
             self._maybe_shrink(call, resolved)

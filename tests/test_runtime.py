@@ -139,6 +139,10 @@ def test_steady_state_reuses_padding_buffers() -> None:
         wrapped(data)
     assert wrapped.stats.growths == []
     assert all(ptrs == seen[0] for ptrs in seen[1:])
+    assert wrapped.stats.last_pad_allocations == 0 and wrapped.stats.pad_allocations == len(seen[0]) + 1  # + ptr
+    grown = trajectory(1, 3, seed=7, n0=60)[0]  # a growth reallocates
+    wrapped(grown)
+    assert wrapped.stats.growths and wrapped.stats.last_pad_allocations > 0
     assert {"positions", "edge_index", "node_attrs", "unit_shifts", "batch"} <= set(seen[0])
 
 
