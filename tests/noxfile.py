@@ -36,6 +36,12 @@ def _install(session: nox.Session, extra: str) -> None:
     session.install("-c", CONSTRAINTS, "-e", f".[{extra}]")
 
 
+def _adapter_session(session: nox.Session, extra: str, *tests: str) -> None:
+    """Install ddpad with ``extra`` (and torch pinned), run ``tests``."""
+    _install(session, f"{extra},test")
+    session.run("python", "-m", "pytest", *tests, *session.posargs)
+
+
 @nox.session(python="3.11")
 def core(session: nox.Session) -> None:
     """The core library, no model package: capacity, padders, agreement, runtime, registry."""
@@ -49,26 +55,22 @@ def core(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def aimnet2(session: nox.Session) -> None:
     """The AIMNet2 adapter against the aimnet package."""
-    _install(session, "aimnet2,test")
-    session.run("python", "-m", "pytest", "tests/test_aimnet2.py", "tests/test_registry.py", *session.posargs)
+    _adapter_session(session, "aimnet2", "tests/test_aimnet2.py", "tests/test_registry.py")
 
 
 @nox.session(python="3.11")
 def mace(session: nox.Session) -> None:
     """The MACE adapter against mace-torch."""
-    _install(session, "mace,test")
-    session.run("python", "-m", "pytest", "tests/test_mace.py", "tests/test_registry.py", *session.posargs)
+    _adapter_session(session, "mace", "tests/test_mace.py", "tests/test_registry.py")
 
 
 @nox.session(python="3.11")
 def uma(session: nox.Session) -> None:
     """The UMA adapter against fairchem-core (e3nn >= 0.5: its own environment)."""
-    _install(session, "uma,test")
-    session.run("python", "-m", "pytest", "tests/test_uma.py", "tests/test_registry.py", *session.posargs)
+    _adapter_session(session, "uma", "tests/test_uma.py", "tests/test_registry.py")
 
 
 @nox.session(python="3.11")
 def torchsim(session: nox.Session) -> None:
     """torch-sim (0.3.0: the release for Python 3.11) with MACE as the model."""
-    _install(session, "mace,torchsim,test")
-    session.run("python", "-m", "pytest", "tests/test_torchsim.py", *session.posargs)
+    _adapter_session(session, "mace,torchsim", "tests/test_torchsim.py")
