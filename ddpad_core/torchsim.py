@@ -1,8 +1,10 @@
 """A torch-sim model interface over any adapter's fixed-shape (compiled) model.
 
-Requires ``torch-sim-atomistic`` (tested: 0.3.0, the release that installs
-on Python 3.11; its ``ModelInterface`` and runners are what this module
-codes against)::
+Requires ``torch-sim-atomistic``. Tested with 0.3.0, the release that
+installs on Python 3.11. The current release (0.6.2, Python >= 3.12) keeps
+the members used here (``ModelInterface`` with ``_device``, ``_dtype``,
+``_compute_forces``, ``_compute_stress`` and ``forward(state)``;
+``io.state_to_atoms(state)``): read from its wheel, not run here::
 
     import torch_sim as ts
     from ddpad.torchsim import Model
