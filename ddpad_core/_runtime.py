@@ -219,6 +219,29 @@ def compile_counted(model: Callable[..., Any], stats: Stats, **compile_kwargs: A
     return torch.compile(model, backend=counting, dynamic=dynamic, **kwargs)
 
 
+def _compile_model(
+    model: torch.nn.Module, stats: Stats, region: Callable[..., Any] | None, **compile_kwargs: Any
+) -> Callable[..., Any]:
+    """Compile ``model``, or only the part ``region`` picks (a model padding at
+    its own seam compiles what comes after it)."""
+    if region is None:
+        return compile_counted(model, stats, **compile_kwargs)
+    return region(model, lambda part: compile_counted(part, stats, **compile_kwargs))
+
+
+def _run_step(
+    compiled: Callable[..., Any], call: Callable[..., Any] | None, dynamo_config: Mapping[str, Any],
+    data: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+) -> Any:
+    """One model step: through the adapter's ``call`` if it has one, with its
+    Dynamo flags set for this call only (``config.patch`` restores them on
+    exit, exceptions included)."""
+    with torch._dynamo.config.patch(**dynamo_config) if dynamo_config else contextlib.nullcontext():
+        if call is None:
+            return compiled(data, *args, **kwargs)
+        return call(compiled, data, *args, **kwargs)
+
+
 def _guard_failure_counts() -> dict[Any, int]:
     return {code: len(reasons) for code, reasons in torch._dynamo.utils.guard_failures.items()}
 
@@ -308,10 +331,7 @@ class PaddedModel(torch.nn.Module):
         self.compiled: Callable[..., Any] = model
         if compile:
             compile_kwargs.setdefault("dynamic", False)
-            if compile_region is None:
-                self.compiled = compile_counted(model, self.stats, **compile_kwargs)
-            else:  # the adapter compiles the part after its padding seam
-                self.compiled = compile_region(model, lambda part: compile_counted(part, self.stats, **compile_kwargs))
+            self.compiled = _compile_model(model, self.stats, compile_region, **compile_kwargs)
         elif compile_kwargs:
             raise TypeError(f"compile=False takes no compile arguments, got {sorted(compile_kwargs)}")
 
@@ -356,11 +376,7 @@ class PaddedModel(torch.nn.Module):
         return out
 
     def _run(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        # config.patch restores the previous values on exit, exceptions included
-        with torch._dynamo.config.patch(**self.dynamo_config) if self.dynamo_config else contextlib.nullcontext():
-            if self.call is None:
-                return self.compiled(data, *args, **kwargs)
-            return self.call(self.compiled, data, *args, **kwargs)
+        return _run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
 
     def _context(self) -> DistributedContext:
         """The context the model's seam pads through: the active one's mesh and
@@ -456,21 +472,14 @@ class UnpaddedCompiled:
         self.adapter = resolve_adapter(adapter)
         prepared = self.adapter.prepare_model(model) if self.adapter.prepare_model is not None else model
         self.stats = Stats()
-        region = self.adapter.compile_region
-        if region is None:
-            self.compiled = compile_counted(prepared, self.stats, **compile_kwargs)
-        else:  # outside a ddpad context the seam pads nothing
-            self.compiled = region(prepared, lambda part: compile_counted(part, self.stats, **compile_kwargs))
+        # outside a ddpad context a seam (compile_region) pads nothing
+        self.compiled = _compile_model(prepared, self.stats, self.adapter.compile_region, **compile_kwargs)
 
     def __call__(self, data: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(data, Mapping):  # the model may write into its input
             data = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in data.items()}
-        scoped = self.adapter.dynamo_config
         try:
-            with torch._dynamo.config.patch(**scoped) if scoped else contextlib.nullcontext():
-                if self.adapter.call is not None:
-                    return self.adapter.call(self.compiled, data, *args, **kwargs)
-                return self.compiled(data, *args, **kwargs)
+            return _run_step(self.compiled, self.adapter.call, self.adapter.dynamo_config, data, args, kwargs)
         finally:
             self.stats.calls += 1
 
