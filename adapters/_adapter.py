@@ -83,6 +83,13 @@ class Adapter:
         part after the seam (the part before it sees unpadded shapes): the
         adapter applies ``compile_fn`` to that part and returns the model to
         call. Default: the whole model is compiled.
+    atom_energy_key
+        Output key of per-atom energies ``[N]``, for engines that own only
+        some of the atoms they evaluate (LAMMPS domains sum their owned
+        atoms); None when the model gives none.
+    energy_only_options
+        Call keywords for a forward that returns energies without taking
+        derivatives (the engine takes them), e.g. mace's ``compute_force=False``.
     evaluate
         Optional ``(model, native_input, *args, **kwargs) -> output``: the
         unpadded eager model, output shaped as the wrapped model's (the
@@ -112,6 +119,8 @@ class Adapter:
     compile_region: Callable[[torch.nn.Module, Callable[[Any], Any]], Any] | None = None
     properties: Callable[[Any], dict[str, Any]] | None = None
     native_padding: Callable[[torch.nn.Module], Callable[[Any], Any]] | None = None
+    atom_energy_key: str | None = None
+    energy_only_options: Mapping[str, Any] = field(default_factory=dict)
 
     def flat(self, output: Any) -> dict[str, Any]:
         """Flat properties (energy, forces, stress ...) of a native output."""

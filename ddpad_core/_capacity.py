@@ -11,7 +11,7 @@ import contextvars
 import logging
 import math
 import operator
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ __all__ = [
     "CapResolution",
     "bucket",
     "cap_agreement_group",
+    "cap_agreement_over",
     "record_resolutions",
     "resolve_cap",
     "resolve_caps",
@@ -118,26 +119,31 @@ class CapResolution:
 @dataclass
 class Agreement:
     """An active agreement scope: the group, the device of the reduce, and a
-    count of the collectives it issued (one per :func:`resolve_caps` call)."""
+    count of the collectives it issued (one per :func:`resolve_caps` call).
+    ``reduce_max`` replaces the ``torch.distributed`` all-reduce (e.g. an MPI
+    communicator's, for engines that run under MPI without torch.distributed)."""
 
     group: Any
     device: torch.device
     world_size: int
     collectives: int = 0
+    reduce_max: Callable[[list[int]], list[int]] | None = None
 
     def max_reduce(self, needs: list[int]) -> list[int]:
         """MAX-reduce ``needs`` over the group in one all-reduce."""
-        import torch.distributed as dist
-
         if torch.compiler.is_compiling():
             raise RuntimeError(
                 "ddpad: capacity agreement is a blocking collective and must run in "
                 "eager code; call the padder outside the compiled region or under "
                 "torch.compiler.disable"
             )
+        self.collectives += 1
+        if self.reduce_max is not None:
+            return [int(v) for v in self.reduce_max(list(needs))]
+        import torch.distributed as dist
+
         vec = torch.tensor(needs, dtype=torch.int64, device=self.device)
         dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=self.group)
-        self.collectives += 1
         return [int(v) for v in vec.tolist()]
 
 
@@ -188,9 +194,28 @@ def cap_agreement_group(
                     else torch.device("cpu")
                 )
             agreement = Agreement(group, torch.device(device), world)
+    with _active(agreement):
+        yield agreement
+
+
+@contextlib.contextmanager
+def cap_agreement_over(
+    reduce_max: Callable[[list[int]], list[int]], world_size: int
+) -> Iterator[Agreement | None]:
+    """Like :func:`cap_agreement_group`, with the MAX all-reduce done by
+    ``reduce_max`` (``needs -> needs maxed over all ranks``, called once per
+    :func:`resolve_caps`), e.g. an mpi4py communicator's ``allreduce``. A
+    no-op (yields ``None``) for ``world_size == 1``."""
+    agreement = Agreement(None, torch.device("cpu"), world_size, reduce_max=reduce_max) if world_size > 1 else None
+    with _active(agreement):
+        yield agreement
+
+
+@contextlib.contextmanager
+def _active(agreement: Agreement | None) -> Iterator[None]:
     token = _AGREEMENT.set(agreement)
     try:
-        yield agreement
+        yield
     finally:
         _AGREEMENT.reset(token)
 

@@ -470,11 +470,12 @@ class COOPadder(_PadderBase):
 
         # dead atoms beyond the real atoms' bounding box: out of every cutoff
         pos = data[self.positions]
-        with torch.no_grad():
-            far = pos.detach().amax(0) if n else torch.zeros(3, dtype=pos.dtype, device=pos.device)
-            out[self.positions] = self._rows(self.positions, pos, n_cap, far + self.dead_length)
-            if not self.self_loop:  # the anchor pair, dead_length apart
-                out[self.positions][n_cap - 1, 0] += self.dead_length
+        far = pos.detach().amax(0) if n else torch.zeros(3, dtype=pos.dtype, device=pos.device)
+        # outside no_grad: positions that require grad (forces taken by the
+        # caller) stay connected through the padded tensor
+        out[self.positions] = self._rows(self.positions, pos, n_cap, far + self.dead_length)
+        if not self.self_loop:  # the anchor pair, dead_length apart
+            out[self.positions][n_cap - 1, 0] += self.dead_length
         for name, spec in self.atom_fields.items():
             if name in data:
                 out[name] = self._rows(name, data[name], n_cap, self._fill_value(spec, data[name], dead_system))

@@ -38,6 +38,7 @@ __all__ = [
     "Stats",
     "UnpaddedCompiled",
     "compile_counted",
+    "counting_backend",
     "load_caps",
     "resolve_adapter",
     "save_caps",
@@ -204,10 +205,21 @@ def _inner_backend(backend: str | Callable[..., Any], mode: str | None, options:
     return torch._TorchCompileWrapper(backend, mode, options, dynamic)
 
 
+def counting_backend(
+    stats: Stats, backend: str | Callable[..., Any] = "inductor", *,
+    mode: str | None = None, options: dict[str, Any] | None = None, dynamic: bool | None = None,
+) -> Callable[..., Any]:
+    """A ``torch.compile`` backend that records each compile event in ``stats``
+    (``graphs``, ``graphs_per_frame``, ``graphs_by_call``, ``recompiles``), then
+    compiles with ``backend``. Hand it to an engine that compiles for you
+    (e.g. nvalchemi's ``compile_kwargs={"backend": ...}``); the caller
+    advances ``stats.calls``."""
+    return _CountingBackend(_inner_backend(backend, mode, options, dynamic), stats)
+
+
 def compile_counted(model: Callable[..., Any], stats: Stats, **compile_kwargs: Any) -> Callable[..., Any]:
     """``torch.compile(model, **compile_kwargs)`` whose compile events land in
-    ``stats`` (``graphs``, ``graphs_per_frame``, ``graphs_by_call``,
-    ``recompiles``; the caller advances ``stats.calls``)."""
+    ``stats`` (see :func:`counting_backend`)."""
     kwargs = dict(compile_kwargs)
     backend = kwargs.pop("backend", "inductor")
     mode = kwargs.pop("mode", None)
@@ -215,7 +227,7 @@ def compile_counted(model: Callable[..., Any], stats: Stats, **compile_kwargs: A
     dynamic = kwargs.pop("dynamic", None)
     if _HAS_ISOLATE:  # recompiles count against this compile's own limit only
         kwargs.setdefault("isolate_recompiles", True)
-    counting = _CountingBackend(_inner_backend(backend, mode, options, dynamic), stats)
+    counting = counting_backend(stats, backend, mode=mode, options=options, dynamic=dynamic)
     return torch.compile(model, backend=counting, dynamic=dynamic, **kwargs)
 
 
@@ -476,12 +488,17 @@ class UnpaddedCompiled:
         self.compiled = _compile_model(prepared, self.stats, self.adapter.compile_region, **compile_kwargs)
 
     def __call__(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(data, Mapping):  # the model may write into its input
-            data = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in data.items()}
+        if isinstance(data, Mapping):  # the model may write into its input; inputs
+            # that require grad stay connected (the caller differentiates them)
+            data = {k: (_private_copy(v) if isinstance(v, torch.Tensor) else v) for k, v in data.items()}
         try:
             return _run_step(self.compiled, self.adapter.call, self.adapter.dynamo_config, data, args, kwargs)
         finally:
             self.stats.calls += 1
+
+
+def _private_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.clone() if tensor.requires_grad else tensor.detach().clone()
 
 
 _PADDING_OPTIONS = frozenset({"padder", "caps", "on_recompile", "shrink"})

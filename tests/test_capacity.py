@@ -108,3 +108,26 @@ def test_no_agreement_without_process_group() -> None:
     with ddpad.cap_agreement_group(None, "cpu") as agreement:
         assert agreement is None
         assert resolve_cap({}, "k", 100, initial_factor=1.35) == 144
+
+
+def test_agreement_over_a_custom_reducer_is_one_call_per_resolution() -> None:
+    """An engine without torch.distributed (LAMMPS under MPI) agrees through
+    its own MAX all-reduce: one call per resolve_caps, all keys at once."""
+    peer_needs = [300, 10]  # what the other rank needs this step
+    calls: list[list[int]] = []
+
+    def reduce_max(needs: list[int]) -> list[int]:
+        calls.append(list(needs))
+        return [max(a, b) for a, b in zip(needs, peer_needs)]
+
+    policies = {"atoms": CapPolicy(1.15, strict_gt=False), "edges": CapPolicy(1.35)}
+    with ddpad.cap_agreement_over(reduce_max, world_size=2) as agreement:
+        caps = resolve_caps({}, {"atoms": (100, policies["atoms"]), "edges": (2818, policies["edges"])})
+    assert calls == [[100, 2818]]
+    assert agreement is not None and agreement.collectives == 1
+    assert caps == {"atoms": resolve_cap({}, "a", 300, initial_factor=1.15, strict_gt=False),
+                    "edges": resolve_cap({}, "e", 2818, initial_factor=1.35)}
+    with ddpad.cap_agreement_over(reduce_max, world_size=1) as single:
+        assert single is None
+        resolve_caps({}, {"atoms": (1, policies["atoms"])})
+    assert len(calls) == 1

@@ -8,6 +8,7 @@ import sys
 import zipfile
 
 import pytest
+import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -34,3 +35,18 @@ def test_import_name_is_ddpad_only() -> None:
 
     assert pathlib.Path(ddpad.__file__).parent.name == "ddpad_core"  # the folder, reached as `ddpad`
     assert "ddpad_core" not in sys.modules and "adapters" not in sys.modules
+
+
+def test_engines_import_with_torch_only_and_name_their_install() -> None:
+    """The engine modules import without their engines; using one that is
+    missing says what to install."""
+    import importlib.util
+
+    from ddpad.engines import lammps, nvalchemi
+
+    if importlib.util.find_spec("nvalchemi") is None:
+        with pytest.raises(ImportError, match=r"pip install 'ddpad\[nvalchemi\]'"):
+            nvalchemi.BatchPadder(3.0).pad(object(), {})
+    if importlib.util.find_spec("mpi4py") is None:
+        with pytest.raises(ImportError, match=r"pip install 'ddpad\[lammps\]'"):
+            lammps.Potential(object(), torch.nn.Linear(1, 1), "mace", ["C"])

@@ -277,3 +277,16 @@ def test_dense_second_matrix_gets_its_own_width_cap() -> None:
     assert state["neighbors"] == 8 and state["neighbors_nbmat_lr"] == 16
     assert out["nbmat_lr"].shape == (16, 16)
     assert bool((out["nbmat_lr"] == 16).all())
+
+
+def test_coo_positions_that_require_grad_stay_connected() -> None:
+    """An engine that differentiates the energy itself (LAMMPS: forces of
+    owned energy on ghosts) passes positions that require grad."""
+    padder = COOPadder(CUTOFF, ptr=None, system_index=None)
+    positions = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    padded = padder.pad({"positions": positions, "edge_index": torch.randint(0, 6, (2, 9))}, {})
+    (grad,) = torch.autograd.grad((padded["positions"] ** 2).sum(), positions)
+    assert torch.equal(grad, 2 * positions.detach())
+    # the anchor pair still sits dead_length apart
+    dead = padded["positions"][-2:].detach()
+    assert float((dead[1] - dead[0]).norm()) == pytest.approx(padder.dead_length)

@@ -239,4 +239,6 @@ ADAPTER = Adapter(
     load_model=load_model,
     default_system=default_system,
     native_padding=native_padding,
+    atom_energy_key="node_energy",
+    energy_only_options={"compute_force": False, "compute_stress": False},
 )
