@@ -44,6 +44,8 @@ def main() -> None:
     parser.add_argument("--cells", type=int, nargs=3, default=(4, 2, 2), help="diamond unit cells")
     parser.add_argument("--drift", type=float, default=0.05, help="x velocity added, A/fs")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
+    parser.add_argument("--padder", choices=("ddpad", "nvalchemi"), default="ddpad",
+                        help="nvalchemi: its built-in padder, for comparison")
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -56,6 +58,7 @@ def main() -> None:
         os.environ.setdefault("NVALCHEMI_HALO_P2P", "1")  # gloo has no all_to_all_v
 
     torch.set_default_dtype(torch.float64)
+    import ddpad
     from ddpad.adapters import get
     from ddpad.engines.nvalchemi import BatchPadder, gloo_exchange, use_padder
     from nvalchemi.data import AtomicData, Batch
@@ -75,11 +78,13 @@ def main() -> None:
     config = DomainConfig(cutoff=wrapper.cutoff, skin=0.5, mesh=mesh, compile=True, grid_dims=(world, 1, 1))
     padder = BatchPadder(wrapper.cutoff)
     md = DomainParallel(NVE(wrapper, dt=0.5), config)
-    with use_padder(wrapper, padder):
+    declared = use_padder(wrapper, padder) if args.padder == "ddpad" else contextlib.nullcontext()
+    with declared:
         local = md.partition(batch if rank == 0 else None)
     # DomainParallel (0.2) compiles with inductor and takes no compile options:
-    # hand its DistributedModel the backend, counting graphs into padder.stats
-    md._dist_model._dd_compile_kwargs = padder.compile_kwargs(args.backend)
+    # hand its DistributedModel the backend, counting graphs into `stats`
+    stats = ddpad.Stats()
+    md._dist_model._dd_compile_kwargs = {"backend": ddpad.counting_backend(stats, args.backend)}
 
     owned = []
     exchange = contextlib.nullcontext() if cuda else gloo_exchange()
@@ -97,16 +102,16 @@ def main() -> None:
             torch.cuda.synchronize()
         rate = (args.steps - 1) / (time.perf_counter() - t1)
 
-    stats = padder.stats
     info = [None] * world
-    dist.all_gather_object(info, {"graphs": stats.graphs, "growths": len(stats.growths), "caps": padder.caps,
+    dist.all_gather_object(info, {"graphs": stats.graphs, "caps": dict(md._dist_model._cap_state),
                                   "owned": (min(owned), max(owned)) if owned else None,
-                                  "collectives": padder.collectives})
+                                  "collectives": padder.collectives if args.padder == "ddpad" else "n/a"})
     if rank == 0:
-        print(f"ranks: {world} ({device.type}), atoms: {len(atoms)}, first step (compile): {first:.1f} s, steps/s: {rate:.2f}")
+        print(f"ranks: {world} ({device.type}), padder: {args.padder}, atoms: {len(atoms)}, "
+              f"first step (compile): {first:.1f} s, steps/s: {rate:.2f}")
         for r, row in enumerate(info):
-            print(f"rank {r}: {row['graphs']} compiled graphs, {row['growths']} growths, caps {row['caps']}, "
-                  f"owned atoms {row['owned']}, cap all-reduces {row['collectives']}")
+            print(f"rank {r}: {row['graphs']} compiled graphs, caps {row['caps']}, "
+                  f"owned atoms {row['owned']}, ddpad cap all-reduces {row['collectives']}")
     dist.destroy_process_group()
 
 
