@@ -17,9 +17,43 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any
 
+import numpy as np
 import torch
 from mpi4py import MPI
+
+
+def reference_check(lmp: Any, comm: Any, model: torch.nn.Module, adapter: Any) -> dict[str, float]:
+    """Relative deviations of LAMMPS's current energy, forces and virial
+    from the plain eager model on the whole periodic system (rank 0)."""
+    n = lmp.extract_global("nlocal")
+    local = [np.array(lmp.numpy.extract_atom(k, nelem=n)) for k in ("id", "x", "f")]
+    gathered = comm.gather(local, root=0)
+    pe, press = lmp.get_thermo("pe"), lmp.get_thermo("press")
+    kinetic = lmp.get_thermo("ke")
+    if comm.rank != 0:
+        return {}
+    from ase import Atoms
+
+    ids, x, f = (np.concatenate([g[i] for g in gathered]) for i in range(3))
+    order = np.argsort(ids)
+    lo, hi, xy, yz, xz, _, _ = lmp.extract_box()
+    cell = np.array([[hi[0] - lo[0], 0, 0], [xy, hi[1] - lo[1], 0], [xz, yz, hi[2] - lo[2]]])
+    atoms = Atoms(numbers=[6] * len(ids), positions=x[order], cell=cell, pbc=True)
+    out = adapter.reference(model, adapter.build_input(model, atoms), compute_force=True, compute_stress=True)
+    energy = float(out["energy"].detach().sum())
+    forces = out["forces"].detach().cpu().numpy()
+    virial = out["virials"].detach().cpu().numpy()[0]
+    volume = abs(np.linalg.det(cell))
+    nktv2p = 1.6021765e6  # LAMMPS metal units: eV/A^3 -> bar
+    # LAMMPS: P = (dof k T + trace W) / 3V, and dof k T = 2 KE
+    reference_press = (2 * kinetic + np.trace(virial)) / (3 * volume) * nktv2p
+    return {
+        "energy": abs(pe - energy) / abs(energy),
+        "forces": float(np.abs(f[order] - forces).max() / np.abs(forces).max()),
+        "pressure": abs(press - reference_press) / abs(reference_press),
+    }
 
 
 def main() -> None:
@@ -65,9 +99,9 @@ def main() -> None:
         pair_coeff * *
         fix nve all nve
         fix ddpad all external pf/callback 1 1
-        fix_modify ddpad energy yes
+        fix_modify ddpad energy yes virial yes
         timestep 0.0005
-        thermo_style custom step temp pe ke etotal
+        thermo_style custom step temp pe ke etotal press
         thermo 1
     """)
     potential = Potential(lmp, model, mace, ["C"], pad=not args.no_pad, backend=args.backend)
@@ -75,12 +109,13 @@ def main() -> None:
     thermo = []
 
     def record() -> None:
-        thermo.append({k: lmp.get_thermo(k) for k in ("step", "temp", "pe", "ke", "etotal")})
+        thermo.append({k: lmp.get_thermo(k) for k in ("step", "temp", "pe", "ke", "etotal", "press")})
 
     t0 = time.perf_counter()
     lmp.command("run 0")
     first = time.perf_counter() - t0
     record()
+    check = reference_check(lmp, comm, model, mace)
     t1 = time.perf_counter()
     for _ in range(args.steps):  # one step at a time, to record every step's thermo
         lmp.command("run 1 pre no post no")
@@ -97,13 +132,14 @@ def main() -> None:
     if comm.rank == 0:
         print(f"ranks: {comm.size}, atoms: {lmp.get_natoms()}, first call (compile): {first:.1f} s, steps/s: {rate:.2f}")
         for row in thermo[:: max(1, len(thermo) // 6)] + thermo[-1:]:
-            print("  step {step:4.0f}  T {temp:8.2f} K  pe {pe:12.6f}  etotal {etotal:12.6f}".format(**row))
+            print("  step {step:4.0f}  T {temp:8.2f} K  pe {pe:12.6f}  etotal {etotal:12.6f}  press {press:10.2f} bar".format(**row))
+        print("step 0 vs the eager model on the whole periodic system: " + ", ".join(f"{k} {v:.1e}" for k, v in check.items()))
         for rank, info in enumerate(ranks):
             print(f"rank {rank}: {info['graphs']} compiled graphs, {info['growths']} growths, caps {info['caps']}, "
                   f"local atoms {min(info['local'])}-{max(info['local'])}, ghosts {min(info['ghosts'])}-{max(info['ghosts'])}")
         if args.json:
             with open(args.json, "w") as fh:
-                json.dump({"thermo": thermo, "ranks": ranks, "first_call_s": first, "steps_per_s": rate}, fh)
+                json.dump({"thermo": thermo, "ranks": ranks, "first_call_s": first, "steps_per_s": rate, "check": check}, fh)
     lmp.close()
 
 

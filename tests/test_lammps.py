@@ -40,8 +40,14 @@ def test_two_ranks_match_one_rank_on_one_graph_each(tmp_path: pathlib.Path) -> N
     assert len(one["thermo"]) == len(two["thermo"]) == STEPS + 1
     for a, b in zip(one["thermo"], two["thermo"]):
         assert a["step"] == b["step"]
-        for key in ("pe", "ke", "etotal", "temp"):
+        for key in ("pe", "ke", "etotal", "temp", "press"):
             assert b[key] == pytest.approx(a[key], rel=1e-8, abs=1e-10), (a["step"], key)
+    # step 0 against the plain eager model on the whole periodic system:
+    # energy, forces (ghost forces summed to owners) and pressure (virial)
+    for run in (one, two):
+        assert run["check"]["energy"] < 1e-12
+        assert run["check"]["forces"] < 1e-10
+        assert run["check"]["pressure"] < 1e-10
     # the physics moved: temperature and potential energy changed over the run
     assert abs(two["thermo"][-1]["pe"] - two["thermo"][0]["pe"]) > 1e-3
     # NVE: total energy conserved to well below the energy exchanged

