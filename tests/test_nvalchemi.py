@@ -202,7 +202,29 @@ def _agreed_worker(rank: int, world: int) -> dict:
             padded = current_dd_context().maybe_pad_graph(data)
         padder.restore()  # what nvalchemi calls after the forward
         caps.append([int(padded["positions"].shape[0]), int(padded["edge_index"].shape[1])])
-    return {"caps": caps, "cap_state": ctx.cap_state, "collectives": padder.collectives}
+    # nvalchemi's own padder (resolve_cap key by key) wrapped: agreed too
+    from ase.build import bulk
+    from nvalchemi.data import AtomicData, Batch
+    from nvalchemi.distributed.graph_padder import COOPadder as TheirPadder
+    from nvalchemi.neighbors import compute_neighbors
+
+    theirs = AgreedPadder(TheirPadder())
+    theirs_ctx = DistributedContext(mesh=mesh, cap_state={}, graph_padder=theirs)
+    atoms = bulk("C", "diamond", a=3.57, cubic=True) * (1 + rank, 1, 1)  # 8 or 16 atoms
+    batch = Batch.from_data_list([AtomicData.from_atoms(atoms, dtype=torch.float64)])
+    compute_neighbors(batch, config=_neighbor_config())
+    with activate_dd_context(theirs_ctx):
+        current_dd_context().maybe_pad_graph(batch)
+    theirs.restore()
+    return {"caps": caps, "cap_state": ctx.cap_state, "collectives": padder.collectives,
+            "theirs": theirs_ctx.cap_state, "theirs_collectives": theirs.collectives}
+
+
+def _neighbor_config():
+    from ddpad.adapters import get
+    from nvalchemi.models.mace import MACEWrapper
+
+    return MACEWrapper(get("mace").random_model(r_max=R_MAX)).model_config.neighbor_config
 
 
 def test_model_internal_path_agrees_caps_across_ranks(tmp_path: pathlib.Path) -> None:
@@ -212,6 +234,10 @@ def test_model_internal_path_agrees_caps_across_ranks(tmp_path: pathlib.Path) ->
     assert [r["collectives"] for r in ranks] == [3, 3]
     # sized for the larger rank: 10 + 7 + 2 atoms (+2 dead), 30 + 40 + 10 edges
     assert ranks[0]["caps"][-1][0] >= 21 and ranks[0]["caps"][-1][1] >= 80
+    # nvalchemi's padder inside AgreedPadder: its per-key resolve_cap agrees too
+    assert ranks[0]["theirs"] == ranks[1]["theirs"]
+    assert set(ranks[0]["theirs"]) == {"atoms", "edges"}
+    assert [r["theirs_collectives"] for r in ranks] == [0, 0]  # theirs, not ddpad's
 
 
 def _small_cell_batch():
