@@ -141,6 +141,17 @@ class Stats:
     last_pad_allocations: int | None = None
     unexplained: list[str] = field(default_factory=list)
 
+    def record(self, call: int, resolved: list[CapResolution]) -> bool:
+        """Record the fills and growths of call ``call``'s cap resolutions;
+        True when a known cap changed (first sizing is not a growth)."""
+        changed = False
+        for r in resolved:
+            self.fill[r.key] = r.real / r.cap if r.cap else 0.0
+            if r.old_cap is not None and r.cap != r.old_cap:
+                changed = True
+                self.growths.append(CapEvent(call, r.key, r.old_cap, r.cap, r.real, r.need))
+        return changed
+
     @property
     def growth_calls(self) -> int:
         """Calls on which at least one cap grew (each costs one recompile)."""
@@ -401,12 +412,7 @@ class PaddedModel(torch.nn.Module):
 
     def _account(self, call: int, resolved: list[CapResolution]) -> bool:
         """Record growths and fills; True when a known cap changed."""
-        changed = False
-        for r in resolved:
-            self.stats.fill[r.key] = r.real / r.cap if r.cap else 0.0
-            if r.old_cap is not None and r.cap != r.old_cap:
-                changed = True
-                self.stats.growths.append(CapEvent(call, r.key, r.old_cap, r.cap, r.real, r.need))
+        changed = self.stats.record(call, resolved)
         changed, self._shrunk = changed or self._shrunk, False
         return changed
 

@@ -46,14 +46,20 @@ def _atoms(seed: int, drift: float = 0.0):
     return atoms
 
 
-def _build(seed: int = 0, drift: float = 0.0):
-    """The wrapper and a float64 batch, identical on every rank."""
+def _wrapper():
+    """nvalchemi's MACE wrapper around the same random float64 MACE everywhere."""
     torch.set_default_dtype(torch.float64)
     from ddpad.adapters import get
-    from nvalchemi.data import AtomicData, Batch
     from nvalchemi.models.mace import MACEWrapper
 
-    wrapper = MACEWrapper(get("mace").random_model(r_max=R_MAX))
+    return MACEWrapper(get("mace").random_model(r_max=R_MAX))
+
+
+def _build(seed: int = 0, drift: float = 0.0):
+    """The wrapper and a float64 batch, identical on every rank."""
+    from nvalchemi.data import AtomicData, Batch
+
+    wrapper = _wrapper()
     atoms = _atoms(seed, drift)
     batch = Batch.from_data_list([AtomicData.from_atoms(atoms, dtype=torch.float64)])
     batch.velocities.copy_(torch.as_tensor(atoms.get_velocities()))
@@ -212,19 +218,12 @@ def _agreed_worker(rank: int, world: int) -> dict:
     theirs_ctx = DistributedContext(mesh=mesh, cap_state={}, graph_padder=theirs)
     atoms = bulk("C", "diamond", a=3.57, cubic=True) * (1 + rank, 1, 1)  # 8 or 16 atoms
     batch = Batch.from_data_list([AtomicData.from_atoms(atoms, dtype=torch.float64)])
-    compute_neighbors(batch, config=_neighbor_config())
+    compute_neighbors(batch, config=_wrapper().model_config.neighbor_config)
     with activate_dd_context(theirs_ctx):
         current_dd_context().maybe_pad_graph(batch)
     theirs.restore()
     return {"caps": caps, "cap_state": ctx.cap_state, "collectives": padder.collectives,
             "theirs": theirs_ctx.cap_state, "theirs_collectives": theirs.collectives}
-
-
-def _neighbor_config():
-    from ddpad.adapters import get
-    from nvalchemi.models.mace import MACEWrapper
-
-    return MACEWrapper(get("mace").random_model(r_max=R_MAX)).model_config.neighbor_config
 
 
 def test_model_internal_path_agrees_caps_across_ranks(tmp_path: pathlib.Path) -> None:
@@ -243,13 +242,10 @@ def test_model_internal_path_agrees_caps_across_ranks(tmp_path: pathlib.Path) ->
 def _small_cell_batch():
     """A periodic 2.5 A cell: its [1, 0, 0] image is shorter than the cutoff."""
     from ase import Atoms
-    from ddpad.adapters import get
     from nvalchemi.data import AtomicData, Batch
-    from nvalchemi.models.mace import MACEWrapper
     from nvalchemi.neighbors import compute_neighbors
 
-    torch.set_default_dtype(torch.float64)
-    wrapper = MACEWrapper(get("mace").random_model(r_max=R_MAX))
+    wrapper = _wrapper()
     atoms = Atoms("C2", positions=[[0, 0, 0], [1.2, 1.2, 1.2]], cell=np.eye(3) * 2.5, pbc=True)
     batch = Batch.from_data_list([AtomicData.from_atoms(atoms, dtype=torch.float64)])
     compute_neighbors(batch, config=wrapper.model_config.neighbor_config)

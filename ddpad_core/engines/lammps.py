@@ -198,22 +198,28 @@ class Potential:
         np.add.at(total, tags_all, forces)
         self.comm.Allreduce(self._mpi.IN_PLACE, total, op=self._mpi.SUM)
         f[:] = total[np.asarray(tags[:n_local], dtype=np.int64)]
-        energy = self.comm.allreduce(energy_owned, op=self._mpi.SUM)
-        # fix external reports the value set on this rank: set the total everywhere
-        lmp.fix_external_set_energy_global(self.fix_id, energy)
-        # virial as LAMMPS's pair styles tally it (sum of x (x) f over local and
-        # ghost atoms; the owned energy is translation invariant), summed over
-        # ranks and, like the energy, set whole on every rank (fix external
-        # splits it over the ranks). Used when 'fix_modify <id> virial yes'.
+        # the virial as LAMMPS's pair styles tally it (sum of x (x) f over local
+        # and ghost atoms; the owned energy is translation invariant). Energy
+        # and virial are summed over ranks in one reduction and set whole on
+        # every rank: fix external takes rank 0's energy and splits the virial
+        # over the ranks. The virial counts with 'fix_modify <id> virial yes'.
         w = x_all.T @ forces
-        virial = np.array([w[0, 0], w[1, 1], w[2, 2], w[0, 1], w[0, 2], w[1, 2]])
-        self.comm.Allreduce(self._mpi.IN_PLACE, virial, op=self._mpi.SUM)
-        lmp.fix_external_set_virial_global(self.fix_id, virial.tolist())
+        totals = np.array([energy_owned, w[0, 0], w[1, 1], w[2, 2], w[0, 1], w[0, 2], w[1, 2]])
+        self.comm.Allreduce(self._mpi.IN_PLACE, totals, op=self._mpi.SUM)
+        energy = float(totals[0])
+        lmp.fix_external_set_energy_global(self.fix_id, energy)
+        lmp.fix_external_set_virial_global(self.fix_id, totals[1:].tolist())
 
         self.log.seconds += time.perf_counter() - start
         self.log.records.append(StepRecord(
             int(step), n_local, n_all - n_local, energy, dict(self.stats.caps), self.stats.graphs,
         ))
+
+    def _reduce_max(self, needs: list[int]) -> list[int]:
+        """The caps' MAX all-reduce over the MPI ranks."""
+        maxed = np.empty(len(needs), dtype=np.int64)
+        self.comm.Allreduce(np.asarray(needs, dtype=np.int64), maxed, op=self._mpi.MAX)
+        return maxed.tolist()
 
     def _evaluate(self, x_all: np.ndarray, numbers: np.ndarray, n_local: int) -> tuple[float, np.ndarray]:
         """Energy of the ``n_local`` owned atoms, and its negative gradient
@@ -223,14 +229,7 @@ class Potential:
         data = self.evaluator.build(Atoms(numbers=numbers, positions=x_all, pbc=False))
         positions = data["positions"].detach().requires_grad_(True)
         data["positions"] = positions
-        world = self.comm.Get_size()
-
-        def reduce_max(needs: list[int]) -> list[int]:
-            maxed = np.empty(len(needs), dtype=np.int64)
-            self.comm.Allreduce(np.asarray(needs, dtype=np.int64), maxed, op=self._mpi.MAX)
-            return maxed.tolist()
-
-        with cap_agreement_over(reduce_max, world):
+        with cap_agreement_over(self._reduce_max, self.comm.Get_size()):
             out = self._runner(data, **self.adapter.energy_only_options)
         atom_energies = out[self.adapter.atom_energy_key]
         owned = atom_energies[:n_local].sum()

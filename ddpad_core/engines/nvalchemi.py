@@ -39,13 +39,12 @@ from torch import Tensor
 from .._capacity import (
     Agreement,
     CapPolicy,
-    CapResolution,
     cap_agreement_group,
     record_resolutions,
 )
 from .._padders import COOPadder
 from .._protocol import GraphPadder
-from .._runtime import CapEvent, Stats, counting_backend
+from .._runtime import Stats, counting_backend
 
 __all__ = ["AgreedPadder", "BatchPadder", "gloo_exchange", "spec_with_padder", "use_padder"]
 
@@ -122,15 +121,8 @@ class _Accounting:
             yield
         self._pads += 1
         self.collectives += agreement.collectives if agreement is not None else 0
-        self._account(resolved)
-
-    def _account(self, resolved: list[CapResolution]) -> None:
-        call = self.stats.calls
-        for r in resolved:
-            self.stats.caps[r.key] = r.cap
-            self.stats.fill[r.key] = r.real / r.cap if r.cap else 0.0
-            if r.old_cap is not None and r.cap != r.old_cap:
-                self.stats.growths.append(CapEvent(call, r.key, r.old_cap, r.cap, r.real, r.need))
+        self.stats.caps.update({r.key: r.cap for r in resolved})
+        self.stats.record(self.stats.calls, resolved)
 
 
 class BatchPadder(_Accounting):
