@@ -90,6 +90,17 @@ class Adapter:
     energy_only_options
         Call keywords for a forward that returns energies without taking
         derivatives (the engine takes them), e.g. mace's ``compute_force=False``.
+    call_forms
+        Keyword sets the model package's own drivers call the native model
+        with (its calculator, evaluation script, torch-sim model), e.g. mace's
+        ``{"training": False, "compute_force": True, "compute_stress": True}``.
+        The wrapped model must accept each and give the eager results
+        (``ddpad.testing`` checks them).
+    grad_input
+        The native input field (key or attribute) holding positions, when a
+        caller may take forces by autograd of the returned energy with
+        respect to it (as with the native model); None when the native
+        model's energy is not connected to its input.
     evaluate
         Optional ``(model, native_input, *args, **kwargs) -> output``: the
         unpadded eager model, output shaped as the wrapped model's (the
@@ -121,6 +132,8 @@ class Adapter:
     native_padding: Callable[[torch.nn.Module], Callable[[Any], Any]] | None = None
     atom_energy_key: str | None = None
     energy_only_options: Mapping[str, Any] = field(default_factory=dict)
+    call_forms: tuple[Mapping[str, Any], ...] = ()
+    grad_input: str | None = None
 
     def flat(self, output: Any) -> dict[str, Any]:
         """Flat properties (energy, forces, stress ...) of a native output."""

@@ -29,7 +29,12 @@ class AdapterNotFound(KeyError):
 
 class AdapterUnavailable(ImportError):
     """The adapter exists but cannot be used here (its model package is missing,
-    its plugin fails to import, or it is not implemented yet)."""
+    its plugin fails to import, or it is not implemented yet). ``install_hint``
+    is the command that installs what is missing, when known."""
+
+    def __init__(self, message: str, *, install_hint: str | None = None) -> None:
+        super().__init__(message)
+        self.install_hint = install_hint
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,11 @@ _BUILTINS: Mapping[str, _Builtin] = MappingProxyType({
     "mace": _Builtin("ddpad.adapters.mace:ADAPTER", ("mace", "e3nn"), "pip install 'ddpad[mace]'"),
     "uma": _Builtin("ddpad.adapters.uma:ADAPTER", ("fairchem.core",), "pip install 'ddpad[uma]'"),
     "aimnet2": _Builtin("ddpad.adapters.aimnet2:ADAPTER", ("aimnet",), "pip install 'ddpad[aimnet2]'"),
+    "sevennet": _Builtin("ddpad.adapters.sevennet:ADAPTER", ("sevenn",), "pip install 'ddpad[sevennet]'"),
+    "nequip": _Builtin("ddpad.adapters.nequip:ADAPTER", ("nequip",), "pip install 'ddpad[nequip]'"),
+    "allegro": _Builtin("ddpad.adapters.allegro:ADAPTER", ("allegro", "nequip"), "pip install 'ddpad[allegro]'"),
+    "orb": _Builtin("ddpad.adapters.orb:ADAPTER", ("orb_models",), "pip install 'ddpad[orb]'"),
+    "mattersim": _Builtin(None, ("mattersim",), "pip install 'ddpad[mattersim]'"),
 })
 
 
@@ -160,7 +170,8 @@ def get(name: str) -> Adapter:
         if missing:
             raise AdapterUnavailable(
                 f"ddpad adapter {name!r} needs {', '.join(missing)}, which is not installed: "
-                f"{builtin.install_hint}"
+                f"{builtin.install_hint}",
+                install_hint=builtin.install_hint,
             )
         adapter = _check_adapter(name, _load_target(name, builtin.target), "ddpad")
     else:
@@ -182,7 +193,8 @@ def get(name: str) -> Adapter:
         if missing:
             raise AdapterUnavailable(
                 f"ddpad adapter {name!r} needs {', '.join(missing)}, which is not installed: "
-                f"{adapter.install_hint}"
+                f"{adapter.install_hint}",
+                install_hint=adapter.install_hint,
             )
     _STATE.set(_State(state.registered, MappingProxyType({**state.loaded, name: adapter})))
     return adapter
@@ -200,8 +212,11 @@ def status(name: str) -> dict[str, Any]:
         info["requires"] = list(adapter.requires)
     except (AdapterUnavailable, AdapterNotFound) as exc:
         info.update(ok=False, error=str(exc))
-        if name in _BUILTINS:
-            info["install_hint"] = _BUILTINS[name].install_hint
+        hint = getattr(exc, "install_hint", None)
+        if hint is None and name in _BUILTINS:
+            hint = _BUILTINS[name].install_hint
+        if hint is not None:
+            info["install_hint"] = hint
     return info
 
 

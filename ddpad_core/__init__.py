@@ -6,11 +6,14 @@ dead atoms and edges, and grows those capacities in lockstep across ranks.
 
 from ._capacity import (
     Agreement,
+    AgreementError,
+    CapacityError,
     CapPolicy,
     CapResolution,
     bucket,
     cap_agreement_group,
     cap_agreement_over,
+    cap_ceilings,
     record_resolutions,
     resolve_cap,
     resolve_caps,
@@ -35,6 +38,7 @@ from ._runtime import (
     UnpaddedCompiled,
     compile_counted,
     counting_backend,
+    derive_ceilings,
     load_caps,
     resolve_adapter,
     save_caps,
@@ -46,9 +50,11 @@ __version__ = "0.1.0"
 __all__ = [
     "NOT_DISTRIBUTED",
     "Agreement",
+    "AgreementError",
     "COOPadder",
     "CapEvent",
     "CapPolicy",
+    "CapacityError",
     "CapResolution",
     "DenseBatchPadder",
     "DensePadder",
@@ -68,9 +74,11 @@ __all__ = [
     "bucket",
     "cap_agreement_group",
     "cap_agreement_over",
+    "cap_ceilings",
     "compile_counted",
     "counting_backend",
     "current_dd_context",
+    "derive_ceilings",
     "load_caps",
     "record_resolutions",
     "resolve_adapter",
@@ -79,3 +87,17 @@ __all__ = [
     "save_caps",
     "wrap",
 ]
+
+
+# Integrations that import optional packages (ase, torch-sim) load on first
+# attribute access, so ``import ddpad`` stays torch-only and
+# ``ddpad.ase.Calculator`` works without importing ``ddpad.ase`` first.
+_LAZY_MODULES = frozenset({"ase", "torchsim", "testing", "engines"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY_MODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

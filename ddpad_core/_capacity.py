@@ -8,21 +8,27 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
 import logging
 import math
 import operator
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 __all__ = [
     "Agreement",
+    "AgreementError",
     "CapPolicy",
     "CapResolution",
+    "CapacityError",
     "bucket",
     "cap_agreement_group",
+    "cap_ceilings",
     "cap_agreement_over",
     "record_resolutions",
     "resolve_cap",
@@ -34,6 +40,18 @@ log = logging.getLogger("ddpad")
 # Floor of x * f is taken after adding this, so that 100 * 1.15 counts as 115
 # and not 114.99999999999999.
 _FLOOR_EPS = 1e-9
+
+
+class CapacityError(RuntimeError):
+    """A real count needs a cap beyond its ceiling, or a step that grew a cap
+    failed (the caps were rolled back). The message names the cap, its size
+    and the real count that asked for it."""
+
+
+class AgreementError(RuntimeError):
+    """ddpad's cap exchange across ranks failed: the ranks disagree on the cap
+    keys or the step, a rank reported a failed step, the exchange was paired
+    with another collective, or it timed out. Raised on every rank that sees it."""
 
 
 def _as_count(name: str, value: Any) -> int:
@@ -68,6 +86,9 @@ class CapPolicy:
     strict_gt
         Overflow when ``need > cap`` (True) or ``need >= cap`` (False; atoms,
         whose dead atom sits at ``cap - 1`` and must not collide with a real one).
+    max_cap
+        Ceiling of the cap (None: none). A growth stops at the ceiling; a need
+        the ceiling cannot hold raises :class:`CapacityError`.
     """
 
     initial_factor: float
@@ -75,6 +96,7 @@ class CapPolicy:
     stride: int = 16
     extra: int = 0
     strict_gt: bool = True
+    max_cap: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("initial_factor", "grow_factor"):
@@ -87,6 +109,12 @@ class CapPolicy:
         if stride < 1:
             raise ValueError(f"stride must be >= 1, got {stride}")
         _as_count("extra", self.extra)
+        if self.max_cap is not None and _as_count("max_cap", self.max_cap) < 1:
+            raise ValueError(f"max_cap must be >= 1, got {self.max_cap}")
+
+    def fits(self, need: int, cap: int) -> bool:
+        """True when ``need`` rows fit a cap of ``cap`` (no overflow)."""
+        return need < cap or (need == cap and self.strict_gt)
 
 
 def bucket(x: int, factor: float, stride: int) -> int:
@@ -116,35 +144,132 @@ class CapResolution:
         return self.old_cap != self.cap
 
 
+# The exchange is one fixed-size int64 vector, MAX-reduced. Values that must be
+# equal on every rank travel as (x, -x): after the MAX, x == -(-x) holds only
+# if every rank sent the same x. The size never depends on the step, so a
+# mismatch is detected from the values instead of hanging on the sizes.
+_MAGIC = 0x64647061  # "ddpa": a vector that lacks it was paired with another collective
+_HEADER = 7  # magic, -magic, fingerprint, -fingerprint, step, -step, failed
+EXCHANGE_SLOTS = 64
+MAX_KEYS = (EXCHANGE_SLOTS - _HEADER) // 2
+
+
+def key_fingerprint(keys: list[str]) -> int:
+    """A stable 31-bit fingerprint of the key names in order."""
+    return zlib.crc32("\0".join(keys).encode()) & 0x7FFFFFFF
+
+
 @dataclass
 class Agreement:
     """An active agreement scope: the group, the device of the reduce, and a
     count of the collectives it issued (one per :func:`resolve_caps` call).
+
+    Every exchange is one MAX all-reduce of a fixed-size vector that carries,
+    besides the needs, the current caps (so caps loaded from files or grown
+    alone are agreed too), a fingerprint of the key names, a step counter and
+    a failure flag; ranks that disagree on keys or step, or a rank that
+    reports a failure, make every rank raise :class:`AgreementError` on the
+    same exchange. The wait is bounded by ``timeout`` seconds.
+
     ``reduce_max`` replaces the ``torch.distributed`` all-reduce (e.g. an MPI
-    communicator's, for engines that run under MPI without torch.distributed)."""
+    communicator's, for engines that run under MPI without torch.distributed);
+    ``exchange_group`` is the group the exchange runs on (default ``group``):
+    a group of its own (``torch.distributed.new_group()``, made once) keeps
+    ddpad's exchange from ever pairing with a collective of the model.
+    """
 
     group: Any
     device: torch.device
     world_size: int
     collectives: int = 0
     reduce_max: Callable[[list[int]], list[int]] | None = None
+    timeout: float = 600.0
+    exchange_group: Any = None
+    step: int = 0
+    failed: str | None = None  # a local failure not yet reported to the peers
 
     def max_reduce(self, needs: list[int]) -> list[int]:
-        """MAX-reduce ``needs`` over the group in one all-reduce."""
+        """MAX-reduce ``needs`` over the group (one checked exchange)."""
+        return self.exchange([f"value{i}" for i in range(len(needs))], needs, [0] * len(needs))[0]
+
+    def exchange(self, keys: list[str], needs: list[int], caps: list[int]) -> tuple[list[int], list[int]]:
+        """One checked exchange: ``(needs, caps)`` MAX-reduced over the group.
+
+        Raises
+        ------
+        AgreementError
+            On every rank, when ranks differ in keys or step, a rank reported
+            a failure (:meth:`fail`), the exchange met another collective, or
+            the peers did not arrive within ``timeout``.
+        """
         if torch.compiler.is_compiling():
             raise RuntimeError(
                 "ddpad: capacity agreement is a blocking collective and must run in "
                 "eager code; call the padder outside the compiled region or under "
                 "torch.compiler.disable"
             )
+        if len(keys) > MAX_KEYS:
+            raise ValueError(f"ddpad agrees at most {MAX_KEYS} cap keys per step, got {len(keys)}: {keys}")
+        step, fp = self.step, key_fingerprint(keys)
+        self.step += 1
+        failed, self.failed = self.failed, None
+        vec = [_MAGIC, -_MAGIC, fp, -fp, step, -step, 1 if failed else 0, *needs, *caps]
+        vec += [0] * (EXCHANGE_SLOTS - len(vec))
+        out = self._all_reduce_max(vec, step)
+        k = len(keys)
+        if out[0] != _MAGIC or out[1] != -_MAGIC:
+            raise AgreementError(
+                f"ddpad: the cap exchange at step {step} was paired with a collective that is not "
+                "ddpad's (a rank skipped or repeated a step, or the model's collectives share the "
+                "group); give the exchange a group of its own (exchange_group=new_group())"
+            )
+        if out[6]:
+            raise AgreementError(
+                f"ddpad: a rank's step failed before the cap exchange at step {step}"
+                + (f" (here: {failed})" if failed else "; see that rank's error")
+                + ": every rank stops at this step"
+            )
+        if out[2] != -out[3]:
+            raise AgreementError(
+                f"ddpad: ranks disagree on the cap keys at step {step}: this rank resolves {keys} "
+                f"(fingerprint {fp}), another rank different keys (fingerprints {-out[3]}..{out[2]}); "
+                "every rank must pad the same fields (e.g. an optional neighbour matrix on all ranks or none)"
+            )
+        if out[4] != -out[5]:
+            raise AgreementError(
+                f"ddpad: ranks are at different cap-exchange steps (this rank {step}, others "
+                f"{-out[5]}..{out[4]}): a rank skipped or repeated a step"
+            )
+        return out[_HEADER : _HEADER + k], out[_HEADER + k : _HEADER + 2 * k]
+
+    def fail(self, reason: str) -> None:
+        """Report a local failure to the peers in an exchange of its own (so
+        that they raise on the same step instead of waiting), then return.
+        Call it on a rank whose step failed before it reached the exchange."""
+        self.failed = reason
+        try:
+            self.exchange([], [], [])
+        except AgreementError:
+            pass  # the peers learned of it; the caller raises its own error
+
+    def _all_reduce_max(self, vec: list[int], step: int) -> list[int]:
         self.collectives += 1
         if self.reduce_max is not None:
-            return [int(v) for v in self.reduce_max(list(needs))]
+            return [int(v) for v in self.reduce_max(vec)]
         import torch.distributed as dist
 
-        vec = torch.tensor(needs, dtype=torch.int64, device=self.device)
-        dist.all_reduce(vec, op=dist.ReduceOp.MAX, group=self.group)
-        return [int(v) for v in vec.tolist()]
+        tensor = torch.tensor(vec, dtype=torch.int64, device=self.device)
+        group = self.exchange_group if self.exchange_group is not None else self.group
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True)
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=self.timeout))
+        except RuntimeError as exc:
+            raise AgreementError(
+                f"ddpad: the cap exchange at step {step} timed out after {self.timeout:g} s waiting for "
+                f"the other ranks ({exc}); a rank failed or hangs elsewhere. The process group is not "
+                "usable after this: destroy it and restart from the last checkpoint"
+            ) from exc
+        return [int(v) for v in tensor.tolist()]
 
 
 _AGREEMENT: contextvars.ContextVar[Agreement | None] = contextvars.ContextVar(
@@ -153,19 +278,31 @@ _AGREEMENT: contextvars.ContextVar[Agreement | None] = contextvars.ContextVar(
 _RESOLUTIONS: contextvars.ContextVar[list[CapResolution] | None] = contextvars.ContextVar(
     "ddpad_resolutions", default=None
 )
+_CEILINGS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar(
+    "ddpad_ceilings", default=MappingProxyType({})  # noqa: B039 - read-only
+)
+
+
+def current_agreement() -> Agreement | None:
+    """The active agreement scope, or None."""
+    return _AGREEMENT.get()
 
 
 @contextlib.contextmanager
 def cap_agreement_group(
-    group: Any = None, device: torch.device | str | None = None
+    group: Any = None,
+    device: torch.device | str | None = None,
+    *,
+    timeout: float = 600.0,
+    exchange_group: Any = None,
 ) -> Iterator[Agreement | None]:
     """Make every capacity resolution inside the block agree across ``group``.
 
-    Each :func:`resolve_caps` call MAX-reduces the needs of all its keys over
-    the group in one all-reduce, so every rank resolves the same caps and
-    recompiles on the same step. A no-op (yields ``None``) when
-    ``torch.distributed`` is unavailable or not initialised, or the group
-    has one rank.
+    Each :func:`resolve_caps` call MAX-reduces the needs (and current caps)
+    of all its keys over the group in one checked all-reduce, so every rank
+    resolves the same caps and recompiles on the same step. A no-op (yields
+    ``None``) when ``torch.distributed`` is unavailable or not initialised,
+    or the group has one rank.
 
     Parameters
     ----------
@@ -174,6 +311,12 @@ def cap_agreement_group(
     device
         Where the reduce tensor lives: ``"cpu"`` for gloo, the rank's CUDA
         device for NCCL. Default: CUDA current device under NCCL, else CPU.
+    timeout
+        Seconds an exchange waits for the other ranks before raising
+        :class:`AgreementError` (a compile on another rank counts: allow for it).
+    exchange_group
+        Run the exchange on this group (same ranks) instead of ``group``: a
+        group of its own keeps it from ever pairing with the model's collectives.
 
     Yields
     ------
@@ -193,7 +336,7 @@ def cap_agreement_group(
                     if backend == "nccl"
                     else torch.device("cpu")
                 )
-            agreement = Agreement(group, torch.device(device), world)
+            agreement = Agreement(group, torch.device(device), world, timeout=timeout, exchange_group=exchange_group)
     with _active(agreement):
         yield agreement
 
@@ -203,9 +346,9 @@ def cap_agreement_over(
     reduce_max: Callable[[list[int]], list[int]], world_size: int
 ) -> Iterator[Agreement | None]:
     """Like :func:`cap_agreement_group`, with the MAX all-reduce done by
-    ``reduce_max`` (``needs -> needs maxed over all ranks``, called once per
-    :func:`resolve_caps`), e.g. an mpi4py communicator's ``allreduce``. A
-    no-op (yields ``None``) for ``world_size == 1``."""
+    ``reduce_max`` (``values -> values maxed over all ranks``, called once per
+    :func:`resolve_caps` with a fixed-size list), e.g. an mpi4py
+    communicator's ``allreduce``. A no-op (yields ``None``) for ``world_size == 1``."""
     agreement = Agreement(None, torch.device("cpu"), world_size, reduce_max=reduce_max) if world_size > 1 else None
     with _active(agreement):
         yield agreement
@@ -221,6 +364,20 @@ def _active(agreement: Agreement | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def cap_ceilings(ceilings: Mapping[str, int] | None) -> Iterator[None]:
+    """Per-key cap ceilings for every resolution inside the block (on top of
+    each policy's ``max_cap``; the smaller wins)."""
+    for key, value in (ceilings or {}).items():
+        if _as_count(f"ceiling of {key!r}", value) < 1:
+            raise ValueError(f"ceiling of {key!r} must be >= 1, got {value}")
+    token = _CEILINGS.set(MappingProxyType(dict(ceilings or {})))
+    try:
+        yield
+    finally:
+        _CEILINGS.reset(token)
+
+
+@contextlib.contextmanager
 def record_resolutions() -> Iterator[list[CapResolution]]:
     """Collect every :class:`CapResolution` made inside the block (growths,
     fills) into the yielded list. Nested blocks each see their own list."""
@@ -232,6 +389,12 @@ def record_resolutions() -> Iterator[list[CapResolution]]:
         _RESOLUTIONS.reset(token)
 
 
+def _ceiling(key: str, policy: CapPolicy) -> int | None:
+    scoped = _CEILINGS.get().get(key)
+    limits = [c for c in (policy.max_cap, scoped) if c is not None]
+    return min(limits) if limits else None
+
+
 def resolve_caps(
     state: dict[str, int], requests: Mapping[str, tuple[int, CapPolicy]]
 ) -> dict[str, int]:
@@ -240,7 +403,7 @@ def resolve_caps(
     Parameters
     ----------
     state
-        The caller's caps, updated in place (grow-only).
+        The caller's caps, updated in place (grow-only) once every key resolved.
     requests
         ``{key: (real_count, policy)}``.
 
@@ -248,34 +411,53 @@ def resolve_caps(
     -------
     dict[str, int]
         The cap of every requested key.
+
+    Raises
+    ------
+    CapacityError
+        When a need exceeds its ceiling (``CapPolicy.max_cap`` or
+        :func:`cap_ceilings`); ``state`` is left unchanged.
     """
     keys = list(requests)
     reals = [_as_count(f"real (key {k!r})", requests[k][0]) for k in keys]
     policies = [requests[k][1] for k in keys]
     needs = [r + p.extra for r, p in zip(reals, policies)]
     agreement = _AGREEMENT.get()
+    current = dict(state)
     if agreement is not None and keys:
-        needs = agreement.max_reduce(needs)
-    sink = _RESOLUTIONS.get()
-    caps: dict[str, int] = {}
+        needs, agreed = agreement.exchange(keys, needs, [state.get(k, 0) for k in keys])
+        for key, cap in zip(keys, agreed):
+            if cap > current.get(key, 0):  # a peer's cap (loaded or grown) is larger
+                current[key] = cap
+    resolutions = []
     for key, real, need, policy in zip(keys, reals, needs, policies):
-        old = state.get(key)
+        old = current.get(key)
         if old is None:
             cap = bucket(need, policy.initial_factor, policy.stride)
-        elif need > old or (need == old and not policy.strict_gt):
+        elif not policy.fits(need, old):
             cap = max(policy.stride, bucket(need, policy.grow_factor, policy.stride))
-            relation = ">" if need > old else ">="
-            log.info(
-                "%s %d %s cap %d: grow to %d, expect one recompile",
-                key, need, relation, old, cap,
-            )
         else:
             cap = old
-        state[key] = cap
-        caps[key] = cap
-        if sink is not None:
-            sink.append(CapResolution(key, real, need, old, cap, policy))
-    return caps
+        ceiling = _ceiling(key, policy)
+        if ceiling is not None and cap > ceiling:
+            if not policy.fits(need, ceiling):
+                raise CapacityError(
+                    f"ddpad: {key!r} needs {need} rows (real {real}"
+                    + (f" + {policy.extra} reserved" if policy.extra else "")
+                    + f") but its ceiling is {ceiling}; raise the ceiling (max_caps / memory_budget) "
+                    "or split the system"
+                )
+            cap = max(ceiling, old or 0)
+        resolutions.append(CapResolution(key, real, need, state.get(key), cap, policy))
+    for r in resolutions:
+        if r.old_cap is not None and r.cap != r.old_cap:
+            relation = ">" if r.need > r.old_cap else ">="
+            log.info("%s %d %s cap %d: grow to %d, expect one recompile", r.key, r.need, relation, r.old_cap, r.cap)
+        state[r.key] = r.cap
+    sink = _RESOLUTIONS.get()
+    if sink is not None:
+        sink.extend(resolutions)
+    return {r.key: r.cap for r in resolutions}
 
 
 def resolve_cap(

@@ -14,6 +14,7 @@ import inspect
 import json
 import logging
 import os
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -22,7 +23,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from ._capacity import CapResolution, bucket, record_resolutions
+from ._capacity import (
+    AgreementError,
+    CapacityError,
+    CapResolution,
+    bucket,
+    cap_ceilings,
+    current_agreement,
+    record_resolutions,
+)
 from ._context import DistributedContext, activate_dd_context, current_dd_context
 from ._protocol import GraphPadder
 
@@ -39,6 +48,7 @@ __all__ = [
     "UnpaddedCompiled",
     "compile_counted",
     "counting_backend",
+    "derive_ceilings",
     "load_caps",
     "resolve_adapter",
     "save_caps",
@@ -124,6 +134,11 @@ class Stats:
         padder that does not report them.
     unexplained
         Guard-failure reasons of recompiles that no cap change explained.
+    failed_growths
+        Cap growths of calls that raised (rolled back, not in ``growths``).
+    eager_steps
+        Calls run unpadded and eager because a need exceeded its ceiling
+        (``on_overflow="eager"``).
     """
 
     calls: int = 0
@@ -140,6 +155,8 @@ class Stats:
     pad_allocations: int | None = None
     last_pad_allocations: int | None = None
     unexplained: list[str] = field(default_factory=list)
+    failed_growths: list[CapEvent] = field(default_factory=list)
+    eager_steps: int = 0
 
     def record(self, call: int, resolved: list[CapResolution]) -> bool:
         """Record the fills and growths of call ``call``'s cap resolutions;
@@ -178,6 +195,8 @@ class Stats:
             "pad_seconds": self.pad_seconds,
             "pad_allocations": self.pad_allocations,
             "unexplained": list(self.unexplained),
+            "failed_growths": [vars(e) for e in self.failed_growths],
+            "eager_steps": self.eager_steps,
         }
 
 
@@ -276,36 +295,102 @@ def _new_guard_failures(before: Mapping[Any, int]) -> list[str]:
     return reasons
 
 
-def load_caps(source: Mapping[str, int] | str | os.PathLike[str]) -> dict[str, int]:
+def load_caps(
+    source: Mapping[str, int] | str | os.PathLike[str],
+    *,
+    adapter: str | None = None,
+    ceilings: Mapping[str, int] | None = None,
+) -> dict[str, int]:
     """Caps from a dict or a JSON file written by :func:`save_caps`.
+
+    Parameters
+    ----------
+    source
+        A mapping or the path of a caps file.
+    adapter
+        When given, the adapter recorded in the file must be this one.
+    ceilings
+        Per-key ceilings: a cap beyond its ceiling is rejected.
 
     Raises
     ------
     ValueError
-        When a cap is not a positive integer or the file is not ddpad caps.
+        When the file cannot be read or parsed, is not a ddpad caps file, was
+        written for another adapter, or holds a cap that is not a positive
+        integer or exceeds its ceiling; the message names the file.
     """
+    origin = "caps"
     if isinstance(source, Mapping):
         caps: Any = dict(source)
     else:
-        with open(source, encoding="utf-8") as fh:
-            doc = json.load(fh)
+        origin = f"caps file {os.fspath(source)!r}"
+        try:
+            with open(source, encoding="utf-8") as fh:
+                doc = json.load(fh)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read {origin}: {exc}") from exc
         if not isinstance(doc, dict) or doc.get("format") != _CAPS_FORMAT:
-            raise ValueError(f"{os.fspath(source)!r} is not a ddpad caps file (format {_CAPS_FORMAT!r})")
+            raise ValueError(f"{origin} is not a ddpad caps file (format {_CAPS_FORMAT!r})")
+        recorded = doc.get("adapter")
+        if adapter is not None and recorded is not None and recorded != adapter:
+            raise ValueError(f"{origin} holds caps of adapter {recorded!r}, not {adapter!r}")
         caps = doc.get("caps")
     if not isinstance(caps, dict):
-        raise ValueError(f"caps must be a mapping of key -> int, got {type(caps).__name__}")
+        raise ValueError(f"{origin}: caps must be a mapping of key -> int, got {type(caps).__name__}")
     for key, value in caps.items():
         if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"cap {key!r} must be a positive integer, got {value!r}")
+            raise ValueError(f"{origin}: cap {key!r} must be a positive integer, got {value!r}")
+        limit = (ceilings or {}).get(key)
+        if limit is not None and value > limit:
+            raise ValueError(f"{origin}: cap {key!r} = {value} exceeds its ceiling {limit}")
     return dict(caps)
 
 
 def save_caps(caps: Mapping[str, int], path: str | os.PathLike[str], **meta: Any) -> None:
-    """Write caps to ``path`` as JSON (with optional metadata, e.g. the adapter)."""
+    """Write caps to ``path`` as JSON (with optional metadata, e.g. the adapter).
+
+    Atomic: written to a temporary file beside ``path``, then renamed over it,
+    so readers and concurrent writers never see a partial file.
+    """
     doc = {"format": _CAPS_FORMAT, "caps": dict(caps), **meta}
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=2, sort_keys=True)
-        fh.write("\n")
+    target = os.path.abspath(os.fspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".ddpad-caps-", suffix=".tmp", dir=os.path.dirname(target))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def derive_ceilings(caps: Mapping[str, int], peak_bytes: int, budget_bytes: int) -> dict[str, int]:
+    """Ceilings that keep a step under ``budget_bytes``, from one step's peak
+    memory at ``caps``, assuming memory grows linearly with every cap."""
+    if peak_bytes <= 0:
+        raise ValueError(f"peak_bytes must be > 0, got {peak_bytes}")
+    scale = budget_bytes / peak_bytes
+    return {key: max(1, int(cap * scale)) for key, cap in caps.items()}
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and ("out of memory" in str(exc) or "can't allocate memory" in str(exc))
+    )
+
+
+def _call_form(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The non-tensor arguments of a call: a new form compiles a new graph."""
+    if not args and not kwargs:
+        return ()
+    return (
+        tuple(None if isinstance(a, torch.Tensor) else repr(a) for a in args),
+        tuple(sorted((k, repr(v)) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))),
+    )
 
 
 class PaddedModel(torch.nn.Module):
@@ -314,8 +399,10 @@ class PaddedModel(torch.nn.Module):
     Takes the model's native input and returns its native output for the
     real atoms and systems only. Each call resolves all caps (one collective
     under an agreement group), pads, runs the (compiled) model, unpads and,
-    in a ``finally``, restores what padding changed. Build it with
-    :func:`wrap` or ``adapter.wrap(model)``.
+    in a ``finally``, restores what padding changed. Caps resolved by a call
+    are committed only when it succeeds: a call that raises (out of memory,
+    a model error) leaves the caps as they were. Build it with :func:`wrap`
+    or ``adapter.wrap(model)``.
     """
 
     def __init__(
@@ -332,11 +419,18 @@ class PaddedModel(torch.nn.Module):
         caps: Mapping[str, int] | str | os.PathLike[str] | None = None,
         on_recompile: Literal["warn", "raise", "ignore"] = "warn",
         shrink: ShrinkPolicy | None = None,
+        max_caps: Mapping[str, int] | None = None,
+        memory_budget: int | None = None,
+        on_overflow: Literal["raise", "eager"] = "raise",
         **compile_kwargs: Any,
     ) -> None:
         super().__init__()
         if on_recompile not in ("warn", "raise", "ignore"):
             raise ValueError(f"on_recompile must be 'warn', 'raise' or 'ignore', got {on_recompile!r}")
+        if on_overflow not in ("raise", "eager"):
+            raise ValueError(f"on_overflow must be 'raise' or 'eager', got {on_overflow!r}")
+        if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1):
+            raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
         if not isinstance(padder, GraphPadder):
             raise TypeError(f"padder {padder!r} does not implement GraphPadder (pad / unpad)")
         self.model = model
@@ -346,11 +440,19 @@ class PaddedModel(torch.nn.Module):
         self.call = call
         self.dynamo_config = dict(dynamo_config or {})
         self.on_recompile = on_recompile
+        self.on_overflow = on_overflow
         self.shrink = shrink
-        self.cap_state: dict[str, int] = load_caps(caps) if caps is not None else {}
+        self.memory_budget = memory_budget
+        with cap_ceilings(max_caps):  # validates them
+            self.max_caps: dict[str, int] = dict(max_caps or {})
+        name = adapter.name if adapter is not None else None
+        self.cap_state: dict[str, int] = (
+            load_caps(caps, adapter=name, ceilings=self.max_caps) if caps is not None else {}
+        )
+        self._loaded_keys = set(self.cap_state)
         self.stats = Stats(caps=self.cap_state)
         self._low: dict[str, tuple[int, int]] = {}  # key -> (streak, max need)
-        self._shrunk = False  # a shrink after the last call explains its recompile
+        self._forms: set[tuple[Any, ...]] = set()  # (call form, caps) that ran
         self.compiled: Callable[..., Any] = model
         if compile:
             compile_kwargs.setdefault("dynamic", False)
@@ -364,57 +466,130 @@ class PaddedModel(torch.nn.Module):
         graphs_before, recompiles_before = self.stats.graphs, self.stats.recompiles
         allocations_before = getattr(self.padder, "allocations", None)
         failures_before = _guard_failure_counts() if self.on_recompile != "ignore" else {}
+        agreement = current_agreement()
+        exchanges_before = agreement.step if agreement is not None else 0
+        trial = dict(self.cap_state)  # committed only if the call succeeds
+        measure = self.memory_budget is not None and self.stats.calls == 0
         pad_seconds = 0.0
-        with record_resolutions() as resolved:
+        call = self.stats.calls
+        ceilings = cap_ceilings(self.max_caps) if self.max_caps else contextlib.nullcontext()
+        with record_resolutions() as resolved, ceilings:
             try:
+                if measure:
+                    _reset_peak(data)
                 if self.pad_in_forward:  # the model pads at its own seam
-                    with activate_dd_context(self._context()):
+                    with activate_dd_context(self._context(trial)):
                         out = self._run(data, args, kwargs)
                 else:
                     t0 = time.perf_counter()
-                    padded = self.padder.pad(data, self.cap_state)
+                    padded = self.padder.pad(data, trial)
                     pad_seconds += time.perf_counter() - t0
                     out = self._run(padded, args, kwargs)
                 t0 = time.perf_counter()
                 out = self.padder.unpad(out)
                 pad_seconds += time.perf_counter() - t0
+            except CapacityError as exc:  # a ceiling: every rank sees the same agreed need
+                if self.on_overflow != "eager" or trial != self.cap_state:
+                    raise
+                log.warning("%s; running this step unpadded and eager", exc)
+                out = self._eager(data, args, kwargs)
+                self.stats.eager_steps += 1
+                self.stats.calls += 1
+                return out
+            except Exception as exc:
+                self._report_failure(agreement, exchanges_before, exc)
+                self._fail(call, resolved, exc)
             finally:
                 restore = getattr(self.padder, "restore", None)
                 if callable(restore):
                     restore()
-        call = self.stats.calls
+        self.cap_state.update(trial)  # the call succeeded: commit its caps
+        if measure:
+            self._derive_ceilings(data)
         self.stats.calls += 1
         self.stats.pad_seconds += pad_seconds
         self.stats.last_pad_seconds = pad_seconds
         if allocations_before is not None:
             self.stats.pad_allocations = self.padder.allocations  # type: ignore[attr-defined]
             self.stats.last_pad_allocations = self.padder.allocations - allocations_before  # type: ignore[attr-defined]
-        changed = self._account(call, resolved)
+        self.stats.record(call, resolved)
+        if call == 0:
+            self._check_loaded_keys(resolved)
+        form = (_call_form(args, kwargs), tuple(sorted(self.cap_state.items())))
+        new_form = form not in self._forms
+        self._forms.add(form)
         if self.shrink is not None:
             self._maybe_shrink(call, resolved)
-        # the first call may compile a frame more than once (a function called
-        # at several sites with different shapes): only later ones are suspect
-        if call > 0 and self.stats.recompiles > recompiles_before and not changed:
+        # a compile is explained by caps or a call form (keywords) not run before
+        if self.stats.recompiles > recompiles_before and not new_form:
             self._unexplained(call, self.stats.graphs - graphs_before, failures_before)
         return out
 
     def _run(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return _run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
 
-    def _context(self) -> DistributedContext:
+    def _eager(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The unpadded, uncompiled model (``on_overflow="eager"``)."""
+        if self.adapter is not None:
+            return self.adapter.reference(self.model, data, *args, **kwargs)
+        return self.model(data, *args, **kwargs)
+
+    def _report_failure(self, agreement: Any, exchanges_before: int, exc: BaseException) -> None:
+        """Let the peers of an agreement group learn of this rank's failure on
+        this step (before the exchange) or the next one (after it)."""
+        if agreement is None or isinstance(exc, AgreementError):
+            return
+        reason = f"{type(exc).__name__}: {exc}"
+        if agreement.step == exchanges_before:
+            agreement.fail(reason)
+        else:
+            agreement.failed = reason
+
+    def _fail(self, call: int, resolved: list[CapResolution], exc: Exception) -> None:
+        """Record the failed call's growths and re-raise; out of memory after
+        a growth becomes a :class:`CapacityError` naming the caps."""
+        grown = [r for r in resolved if r.grew]
+        for r in grown:
+            if r.old_cap is not None:
+                self.stats.failed_growths.append(CapEvent(call, r.key, r.old_cap, r.cap, r.real, r.need))
+        described = ", ".join(
+            f"{r.key!r} {r.old_cap if r.old_cap is not None else 'new'} -> {r.cap} for real {r.real}" for r in grown
+        )
+        if grown and _is_out_of_memory(exc):
+            raise CapacityError(
+                f"ddpad: call {call} ran out of memory after sizing caps ({described}); the caps are "
+                f"rolled back to {self.cap_state}. Set max_caps / memory_budget to bound them, or "
+                f"on_overflow='eager'. ({type(exc).__name__}: {exc})"
+            ) from exc
+        if described:
+            exc.add_note(f"ddpad: the failed call sized caps ({described}); rolled back to {self.cap_state}")
+        raise exc
+
+    def _context(self, cap_state: dict[str, int]) -> DistributedContext:
         """The context the model's seam pads through: the active one's mesh and
         metadata (a framework's), with this wrapper's padder and caps."""
         outer = current_dd_context()
         if outer.graph_padder is not None:
             return outer  # a framework already drives padding
         inherited = {f.name: getattr(outer, f.name) for f in dataclasses.fields(DistributedContext)}
-        return DistributedContext(**{**inherited, "cap_state": self.cap_state, "graph_padder": self.padder})
+        return DistributedContext(**{**inherited, "cap_state": cap_state, "graph_padder": self.padder})
 
-    def _account(self, call: int, resolved: list[CapResolution]) -> bool:
-        """Record growths and fills; True when a known cap changed."""
-        changed = self.stats.record(call, resolved)
-        changed, self._shrunk = changed or self._shrunk, False
-        return changed
+    def _check_loaded_keys(self, resolved: list[CapResolution]) -> None:
+        unknown = self._loaded_keys - {r.key for r in resolved}
+        if unknown:
+            warnings.warn(
+                f"ddpad: preset caps {sorted(unknown)} are not used by this model's padder "
+                f"(it resolves {sorted(r.key for r in resolved)})",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def _derive_ceilings(self, data: Any) -> None:
+        assert self.memory_budget is not None
+        peak = _peak_bytes(data)
+        derived = derive_ceilings(self.cap_state, peak, self.memory_budget)
+        self.max_caps = {k: min(v, self.max_caps.get(k, v)) for k, v in derived.items()}
+        log.info("memory budget %d B, peak %d B at caps %s: ceilings %s", self.memory_budget, peak, self.cap_state, self.max_caps)
 
     def _maybe_shrink(self, call: int, resolved: list[CapResolution]) -> None:
         policy = self.shrink
@@ -435,7 +610,6 @@ class PaddedModel(torch.nn.Module):
                 event = CapEvent(call, r.key, self.cap_state[r.key], new, r.real, high)
                 self.stats.shrinks.append(event)
                 self.cap_state[r.key] = new
-                self._shrunk = True
                 log.info(
                     "%s fill below %.2f for %d calls (max need %d): shrink %d -> %d, expect one recompile",
                     r.key, policy.below, policy.after, high, event.old, new,
@@ -463,13 +637,38 @@ class PaddedModel(torch.nn.Module):
         return dict(self.cap_state)
 
     def save_caps(self, path: str | os.PathLike[str]) -> None:
-        """Write the current caps to JSON for a warm restart (``caps=path``)."""
+        """Write the current caps to JSON for a warm restart (``caps=path``),
+        atomically, with the adapter's name (checked when loaded)."""
         meta = {"adapter": self.adapter.name} if self.adapter is not None else {}
         save_caps(self.cap_state, path, **meta)
 
     def load_caps(self, source: Mapping[str, int] | str | os.PathLike[str]) -> None:
         """Preset caps (they still grow if a real count overflows them)."""
-        self.cap_state.update(load_caps(source))
+        name = self.adapter.name if self.adapter is not None else None
+        loaded = load_caps(source, adapter=name, ceilings=self.max_caps)
+        self.cap_state.update(loaded)
+        self._loaded_keys |= set(loaded)
+
+
+def _first_tensor(data: Any) -> torch.Tensor | None:
+    values = data.values() if isinstance(data, Mapping) else getattr(data, "__dict__", {}).values()
+    return next((v for v in values if isinstance(v, torch.Tensor)), None)
+
+
+def _reset_peak(data: Any) -> None:
+    tensor = _first_tensor(data)
+    if tensor is None or tensor.device.type != "cuda":
+        raise ValueError(
+            "ddpad: memory_budget measures the first step's peak with torch.cuda.max_memory_allocated "
+            "and needs a CUDA input; on other devices give max_caps={key: ceiling}"
+        )
+    torch.cuda.reset_peak_memory_stats(tensor.device)
+
+
+def _peak_bytes(data: Any) -> int:
+    tensor = _first_tensor(data)
+    assert tensor is not None
+    return int(torch.cuda.max_memory_allocated(tensor.device))
 
 
 def resolve_adapter(adapter: Adapter | str) -> Adapter:
@@ -507,7 +706,7 @@ def _private_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone() if tensor.requires_grad else tensor.detach().clone()
 
 
-_PADDING_OPTIONS = frozenset({"padder", "caps", "on_recompile", "shrink"})
+_PADDING_OPTIONS = frozenset({"padder", "caps", "on_recompile", "shrink", "max_caps", "memory_budget", "on_overflow"})
 
 
 class Evaluator:
@@ -552,6 +751,9 @@ def wrap(
     caps: Mapping[str, int] | str | os.PathLike[str] | None = None,
     on_recompile: Literal["warn", "raise", "ignore"] = "warn",
     shrink: ShrinkPolicy | None = None,
+    max_caps: Mapping[str, int] | None = None,
+    memory_budget: int | None = None,
+    on_overflow: Literal["raise", "eager"] = "raise",
     **compile_kwargs: Any,
 ) -> PaddedModel:
     """Wrap ``model`` so it always runs at fixed padded shapes.
@@ -574,6 +776,15 @@ def wrap(
         ``"warn"`` (default), ``"raise"`` (:class:`RecompileError`), ``"ignore"``.
     shrink
         A :class:`ShrinkPolicy` to let caps shrink after long low fill; off by default.
+    max_caps
+        Per-key ceilings (``{"edges": 200_000}``): a growth stops there, and a
+        need beyond raises :class:`CapacityError` (or see ``on_overflow``).
+    memory_budget
+        Bytes a step may use (CUDA): ceilings are derived from the first
+        step's measured peak, assuming memory linear in every cap.
+    on_overflow
+        ``"raise"`` (default) or ``"eager"``: run a step whose need exceeds a
+        ceiling unpadded and eager, and carry on.
     """
     adapter = resolve_adapter(adapter)
     model = adapter.prepare_model(model) if adapter.prepare_model is not None else model
@@ -589,5 +800,8 @@ def wrap(
         caps=caps,
         on_recompile=on_recompile,
         shrink=shrink,
+        max_caps=max_caps,
+        memory_budget=memory_budget,
+        on_overflow=on_overflow,
         **compile_kwargs,
     )

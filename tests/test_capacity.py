@@ -116,14 +116,16 @@ def test_agreement_over_a_custom_reducer_is_one_call_per_resolution() -> None:
     peer_needs = [300, 10]  # what the other rank needs this step
     calls: list[list[int]] = []
 
-    def reduce_max(needs: list[int]) -> list[int]:
-        calls.append(list(needs))
-        return [max(a, b) for a, b in zip(needs, peer_needs)]
+    def reduce_max(vec: list[int]) -> list[int]:
+        calls.append(list(vec))
+        peer = list(vec)  # the peer's exchange: same header and keys, its own needs
+        peer[7:9] = peer_needs
+        return [max(a, b) for a, b in zip(vec, peer)]
 
     policies = {"atoms": CapPolicy(1.15, strict_gt=False), "edges": CapPolicy(1.35)}
     with ddpad.cap_agreement_over(reduce_max, world_size=2) as agreement:
         caps = resolve_caps({}, {"atoms": (100, policies["atoms"]), "edges": (2818, policies["edges"])})
-    assert calls == [[100, 2818]]
+    assert len(calls) == 1 and len(calls[0]) == 64 and calls[0][7:9] == [100, 2818]
     assert agreement is not None and agreement.collectives == 1
     assert caps == {"atoms": resolve_cap({}, "a", 300, initial_factor=1.15, strict_gt=False),
                     "edges": resolve_cap({}, "e", 2818, initial_factor=1.35)}

@@ -18,6 +18,7 @@ import ddpad.adapters as adapters  # noqa: E402
 from _spawn import run_ranks  # noqa: E402
 from ddpad.adapters import mace as mace_adapter  # noqa: E402
 from ddpad.adapters.mace import make_padder  # noqa: E402
+from ddpad.testing import AdapterTests  # noqa: E402
 
 R_MAX = 3.0
 ZS = (1, 6, 8)
@@ -194,3 +195,21 @@ def test_bench_includes_mace_own_padding() -> None:
     assert ours["graphs"] == 1
     assert native["graphs"] >= 2
     assert len(native["cumulative_s"]) == len(frames) and result["ddpad_speedup"]["native-padding"]["total"] > 0
+
+
+class TestMACEConformance(AdapterTests):
+    """The conformance kit, as a plugin author would run it."""
+
+    adapter = "mace"
+    atol = 1e-10
+
+    @pytest.fixture
+    def model(self) -> torch.nn.Module:
+        return random_model()
+
+    @pytest.fixture
+    def trajectory(self) -> list[Any]:
+        rng = np.random.default_rng(7)
+        steps: list[Any] = [structure(s, rng) for s in range(5)]
+        steps.insert(3, [structure(10, rng, (1, 1, 1)), structure(11, rng)])  # a batch: systems change
+        return steps

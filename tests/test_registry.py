@@ -39,7 +39,7 @@ def test_unknown_name_lists_known() -> None:
         adapters.get("nope")
 
 
-@pytest.mark.parametrize("name", ["mace", "uma", "aimnet2"])
+@pytest.mark.parametrize("name", ["mace", "uma", "aimnet2", "sevennet", "nequip", "allegro", "orb", "mattersim"])
 def test_builtin_missing_package_names_the_extra(name: str) -> None:
     try:
         adapters.get(name)
@@ -117,6 +117,9 @@ def test_plugin_adapter_wraps_its_model() -> None:
         def get_positions(self) -> torch.Tensor:
             return pos.numpy()
 
+        def __len__(self) -> int:
+            return pos.shape[0]
+
     data = adapters.get("toy").build_input(model, Atoms())
     ref = model({k: v.clone() for k, v in data.items()})
     out = wrapped(data)
@@ -124,3 +127,14 @@ def test_plugin_adapter_wraps_its_model() -> None:
     for key in ref:
         assert out[key].shape == ref[key].shape
         torch.testing.assert_close(out[key], ref[key], rtol=0, atol=1e-12)
+
+
+@needs_plugin
+def test_plugin_missing_its_package_shows_its_install_hint() -> None:
+    info = adapters.status("toymissing")
+    assert info["kind"] == "plugin" and not info["ok"]
+    assert info["install_hint"] == "pip install toy-missing-extra"
+    assert "no_such_model_package" in info["error"] and "pip install toy-missing-extra" in info["error"]
+    with pytest.raises(AdapterUnavailable) as exc:
+        adapters.get("toymissing")
+    assert exc.value.install_hint == "pip install toy-missing-extra"

@@ -15,6 +15,7 @@ from ase.build import bulk, molecule  # noqa: E402
 import ddpad  # noqa: E402
 import ddpad.adapters as adapters  # noqa: E402
 from ddpad.adapters.uma import PaddedUMA, make_padder, properties, random_model  # noqa: E402
+from ddpad.testing import AdapterTests  # noqa: E402
 
 MOLECULES = ("H2O", "CH4", "NH3", "C2H6", "CH3OH", "C6H6", "HCOOH")
 # float32: the padded graph runs the same per-edge and per-atom arithmetic;
@@ -192,3 +193,27 @@ def test_inductor_one_graph_per_frame() -> None:
             assert_close(wrapped(data), adapter.reference(model, data), 1e-4)
     assert wrapped.stats.growths == [] and set(wrapped.stats.graphs_by_call) == {0}
     assert wrapped.stats.max_graphs_per_frame == 1
+
+
+class TestUMAConformance(AdapterTests):
+    """The conformance kit on periodic Cu (task omat), float64: exact to 1e-10."""
+
+    adapter = "uma"
+    atol = TOL[torch.float64]
+
+    @pytest.fixture
+    def model(self) -> torch.nn.Module:
+        return random_model(torch.float64)
+
+    @pytest.fixture
+    def trajectory(self) -> list[Any]:
+        rng = np.random.default_rng(3)
+        steps = []
+        for step in range(5):
+            atoms = bulk("Cu", cubic=True) * (2, 2, 2)
+            atoms = atoms[np.sort(rng.permutation(len(atoms))[: len(atoms) - int(rng.integers(0, 4))])]
+            atoms.rattle(0.08, seed=step)
+            atoms.info.update(charge=0, spin=0)
+            steps.append(atoms)
+        steps[3] = [steps[3], steps[1]]  # a batch: the system count changes
+        return steps

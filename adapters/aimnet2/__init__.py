@@ -55,14 +55,17 @@ def _step(model: Any, data: dict[str, Tensor], *, forces: bool = True) -> dict[s
     sees one graph and AOTAutograd compiles its backward.
     """
     coord = data["coord"]
-    if forces and not coord.requires_grad:
+    # coordinates that already require grad belong to a caller who takes
+    # derivatives of the energy too (as with the raw aimnet model): keep the graph
+    caller_grad = coord.requires_grad
+    if forces and not caller_grad:
         coord.requires_grad_(True)
     out = model(data)
     result = {"energy": out["energy"], "charges": out["charges"]}
     if "spin_charges" in out:
         result["spin_charges"] = out["spin_charges"]
     if forces:
-        (grad,) = torch.autograd.grad(out["energy"].sum(), coord)
+        (grad,) = torch.autograd.grad(out["energy"].sum(), coord, retain_graph=caller_grad)
         result["forces"] = -grad
     return result
 
@@ -103,22 +106,26 @@ def build_input(
     charge: float | Sequence[float] | None = None,
     calculator: Any = None,
     device: str | torch.device | None = None,
+    limit: int | None = None,
 ) -> dict[str, Tensor]:
     """aimnet's own flat input for one ``ase.Atoms`` or a list of molecules.
 
     The neighbour matrices come from aimnet's calculator pipeline
     (``AIMNet2Calculator.prepare_input``), so the input is exactly what
-    aimnet itself would feed the model. Pass ``calculator`` to reuse one
+    aimnet itself would feed the model; atomic numbers past the model's
+    per-element tables (``limit``, default: measured from the model) are a
+    ``ValueError``. Pass ``calculator`` to reuse one
     across steps; ``charge`` per molecule (default: ``atoms.info["charge"]``
     or 0); ``device`` defaults to the model's.
     """
     mols = _molecules(atoms)
-    if not mols:
-        raise ValueError("build_input needs at least one molecule")
+    if not mols or any(len(m) == 0 for m in mols):
+        raise ValueError("build_input needs at least one molecule, each with at least one atom")
     if any(bool(getattr(m, "pbc", [False]).any()) for m in mols):
         raise ValueError("the aimnet2 adapter takes molecules (pbc=False); periodic input is not supported")
     if calculator is None:
         calculator = _calculator(model)
+    _check_numbers({int(z) for m in mols for z in m.numbers}, limit or max_number(model), calculator)
     if charge is None:
         charges = [float(m.info.get("charge", 0.0)) for m in mols]
     else:
@@ -132,6 +139,22 @@ def build_input(
         "mol_idx": torch.repeat_interleave(torch.arange(len(mols)), torch.tensor([len(m) for m in mols])),
     }
     return calculator.prepare_input({k: v.to(device) for k, v in data.items()})
+
+
+def max_number(model: torch.nn.Module) -> int:
+    """The largest atomic number every per-element table of ``model`` holds."""
+    sizes = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    return min(sizes) - 1 if sizes else 118
+
+
+def _check_numbers(numbers: set[int], limit: int, calculator: Any) -> None:
+    """Reject elements the model has no parameters for: an index past an
+    embedding table aborts the process under inductor (no Python error)."""
+    implemented = (getattr(calculator, "metadata", None) or {}).get("implemented_species") or []
+    bad = sorted(z for z in numbers if z < 1 or z > limit or (implemented and z not in implemented))
+    if bad:
+        known = f"implemented_species {sorted(implemented)}" if implemented else f"atomic numbers 1..{limit}"
+        raise ValueError(f"atomic numbers {bad} are not known to this AIMNet2 model ({known})")
 
 
 def _calculator(model: torch.nn.Module) -> Any:
@@ -216,9 +239,10 @@ ADAPTER = Adapter(
     install_hint="pip install 'ddpad[aimnet2]'",
     requires=("aimnet",),
     call=_step,
-    input_context=lambda model: {"calculator": _calculator(model)},
+    input_context=lambda model: {"calculator": _calculator(model), "limit": max_number(model)},
     evaluate=evaluate,
     random_model=random_model,
     load_model=load_model,
     default_system=default_system,
+    grad_input="coord",
 )

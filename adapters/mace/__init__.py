@@ -84,15 +84,37 @@ def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
     return rebuilt
 
 
-def _step(model: Any, data: dict[str, Tensor], *args: Any, **kwargs: Any) -> dict[str, Any]:
+# outputs that mace takes by autograd: detached when the caller asked for
+# ``training=False``, as mace's own evaluation returns them
+DERIVATIVES = ("forces", "virials", "stress", "hessian", "edge_forces", "atomic_virials", "atomic_stresses")
+CALL_FORMS = (
+    {"training": False, "compute_force": True, "compute_stress": True},  # mace's eval / torch-sim
+    {"compute_stress": True, "training": True},  # its calculator with compile_mode
+    {"compute_stress": False},
+)
+
+
+def _step(model: Any, data: dict[str, Tensor], *args: Any, training: bool = True, **kwargs: Any) -> dict[str, Any]:
     """One call, arranged as mace's calculator arranges compiled calls: inputs
-    that forces and stress differentiate already require grad, and
-    ``training=True`` (a retained autograd graph, which the traced
-    ``autograd.grad`` needs) unless the caller says otherwise."""
+    that forces and stress differentiate already require grad, and the model
+    always runs with ``training=True`` (a retained autograd graph, which the
+    traced ``autograd.grad`` needs; with ``training=False`` the compiled
+    backward runs twice over a freed graph). ``training`` changes no value, only
+    whether derivatives keep their graph: for ``training=False`` they are
+    detached, as mace returns them."""
     data["positions"].requires_grad_(True)
     data["node_attrs"].requires_grad_(True)
-    if not args:
-        kwargs.setdefault("training", True)
+    out = model(data, *args, training=True, **kwargs)
+    if not training:
+        out = {k: (v.detach() if k in DERIVATIVES and isinstance(v, Tensor) else v) for k, v in out.items()}
+    return out
+
+
+def evaluate(model: torch.nn.Module, data: dict[str, Tensor], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """The unpadded eager model exactly as the caller calls it (``training``
+    passed through): the reference for every call form."""
+    data["positions"].requires_grad_(True)
+    data["node_attrs"].requires_grad_(True)
     return model(data, *args, **kwargs)
 
 
@@ -117,6 +139,8 @@ def build_input(
     structures = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
     if not structures:
         raise ValueError("build_input needs at least one structure")
+    if any(len(a) == 0 for a in structures):
+        raise ValueError("build_input got a structure with no atoms; every structure needs at least one")
     param = next(model.parameters())
     z_table = utils.AtomicNumberTable([int(z) for z in model.atomic_numbers])
     unknown = sorted({int(z) for a in structures for z in a.numbers} - set(z_table.zs))
@@ -241,4 +265,7 @@ ADAPTER = Adapter(
     native_padding=native_padding,
     atom_energy_key="node_energy",
     energy_only_options={"compute_force": False, "compute_stress": False},
+    call_forms=CALL_FORMS,
+    grad_input="positions",
+    evaluate=evaluate,
 )

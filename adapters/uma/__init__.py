@@ -166,8 +166,12 @@ def build_input(
     from fairchem.core.datasets.atomic_data import AtomicData, atomicdata_list_to_batch
 
     structures = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
-    if not structures:
-        raise ValueError("build_input needs at least one structure")
+    if not structures or any(len(a) == 0 for a in structures):
+        raise ValueError("build_input needs at least one structure, each with at least one atom")
+    limit = int(getattr(_backbone(model), "max_num_elements", 0) or 0)
+    unknown = sorted({int(z) for a in structures for z in a.numbers if z < 1 or (limit and z >= limit)})
+    if unknown:
+        raise ValueError(f"atomic numbers {unknown} are not known to this UMA model (its embedding holds 1..{limit - 1})")
     param = next(model.parameters())
     target = dtype or torch.float32
     graphs = [AtomicData.from_ase(a, task_name=task, r_edges=False, target_dtype=target) for a in structures]

@@ -6,6 +6,7 @@ declares it under the ``ddpad.adapters`` entry-point group.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -46,16 +47,25 @@ def _padder(model: torch.nn.Module) -> COOPadder:
 
 
 def _build_input(model: torch.nn.Module, atoms: Any, **_: Any) -> dict[str, torch.Tensor]:
-    """Non-periodic graph of one ``ase.Atoms``-like object (all pairs within the cutoff)."""
-    pos = torch.as_tensor(atoms.get_positions(), dtype=model.depth.dtype)
-    dist = torch.cdist(pos, pos)
-    src, dst = torch.nonzero((dist < model.cutoff) & (dist > 0), as_tuple=True)
-    n = pos.shape[0]
+    """Non-periodic graph of one ``ase.Atoms``-like object or a batch (list)
+    of them (all pairs within the cutoff)."""
+    structures = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
+    if not structures or any(len(a) == 0 for a in structures):
+        raise ValueError("the toy model needs at least one structure, each with at least one atom")
+    positions, edges, offset = [], [], 0
+    for a in structures:
+        pos = torch.as_tensor(a.get_positions(), dtype=model.depth.dtype)
+        dist = torch.cdist(pos, pos)
+        src, dst = torch.nonzero((dist < model.cutoff) & (dist > 0), as_tuple=True)
+        positions.append(pos)
+        edges.append(torch.stack([src, dst]) + offset)
+        offset += pos.shape[0]
+    sizes = torch.tensor([p.shape[0] for p in positions])
     return {
-        "pos": pos,
-        "edge_index": torch.stack([src, dst]),
-        "batch": torch.zeros(n, dtype=torch.long),
-        "ptr": torch.tensor([0, n]),
+        "pos": torch.cat(positions),
+        "edge_index": torch.cat(edges, dim=1),
+        "batch": torch.repeat_interleave(torch.arange(len(positions)), sizes),
+        "ptr": torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]),
     }
 
 
@@ -87,4 +97,9 @@ ADAPTER = Adapter(
     random_model=_random_model,
     load_model=_load_model,
     default_system=_default_system,
+)
+
+# A plugin whose model package is not installed: listed, with its install hint.
+NEEDS_MISSING_PACKAGE = dataclasses.replace(
+    ADAPTER, name="toymissing", requires=("no_such_model_package",), install_hint="pip install toy-missing-extra"
 )

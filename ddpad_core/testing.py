@@ -1,0 +1,319 @@
+"""The conformance kit: one test suite for every ddpad adapter, built-in or plugin.
+
+Like the base test classes a table library gives the authors of its
+extension types, a model package that ships a ddpad adapter writes one test
+class and inherits every check::
+
+    import pytest, torch
+    from ddpad.testing import AdapterTests
+
+    class TestMyModel(AdapterTests):
+        adapter = "mymodel"          # a registered name or an Adapter
+        dtype = torch.float64
+        atol = 1e-10                 # against the unpadded eager model
+
+        @pytest.fixture
+        def model(self):             # default: adapter.random_model(dtype, "cpu")
+            ...
+
+        @pytest.fixture
+        def trajectory(self):        # default: made from adapter.default_system()
+            return [...]             # ase.Atoms or lists of them, counts changing
+
+Each check is also a function (``check_exact``, ``check_dead_rows``,
+``check_call_forms``, ``check_autograd``, ``check_empty_rejected``) for use
+outside pytest classes. Needs pytest and ase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from ._runtime import PaddedModel, resolve_adapter
+
+__all__ = [
+    "AdapterTests",
+    "PoisonedPadder",
+    "check_autograd",
+    "check_call_forms",
+    "check_dead_rows",
+    "check_empty_rejected",
+    "check_exact",
+    "check_graphs",
+    "default_trajectory",
+]
+
+
+def _tensors(output: Mapping[str, Any]) -> dict[str, Tensor]:
+    return {k: v for k, v in output.items() if isinstance(v, Tensor)}
+
+
+def _compare(out: Mapping[str, Any], ref: Mapping[str, Any], *, atol: float, rtol: float, where: str) -> float:
+    """Assert the same tensor keys, shapes and dtypes, and values within
+    tolerance; return the largest absolute deviation."""
+    got, want = _tensors(out), _tensors(ref)
+    assert got.keys() == want.keys(), f"{where}: keys {sorted(got)} != eager {sorted(want)}"
+    worst = 0.0
+    for key, value in want.items():
+        assert got[key].shape == value.shape, f"{where}: {key} shape {tuple(got[key].shape)} != eager {tuple(value.shape)}"
+        assert got[key].dtype == value.dtype, f"{where}: {key} dtype {got[key].dtype} != eager {value.dtype}"
+        assert torch.isfinite(got[key]).all(), f"{where}: {key} has non-finite values"
+        torch.testing.assert_close(got[key].detach(), value.detach(), atol=atol, rtol=rtol, msg=lambda m: f"{where}: {key}: {m}")
+        if value.numel():
+            worst = max(worst, float((got[key].detach() - value.detach()).abs().max()))
+    return worst
+
+
+def _options(adapter: Any) -> dict[str, Any]:
+    return adapter.call_options(True)
+
+
+def check_graphs(wrapped: PaddedModel) -> None:
+    """Compiled graphs are one plus one per growth call (per compiled frame),
+    nothing compiles on a call that grew no cap, and no recompile went
+    unexplained."""
+    stats = wrapped.stats
+    growth_calls = {e.call for e in stats.growths}
+    assert stats.max_graphs_per_frame == 1 + len(growth_calls), (
+        f"{stats.graphs_per_frame} graphs per frame for {len(growth_calls)} growth calls"
+    )
+    assert set(stats.graphs_by_call) <= {0} | growth_calls, f"compiles on calls {sorted(stats.graphs_by_call)}"
+    assert stats.unexplained == []
+
+
+def check_exact(
+    adapter: Any, model: torch.nn.Module, trajectory: Sequence[Any], *,
+    atol: float, rtol: float = 0.0, backend: str = "aot_eager", **wrap_kwargs: Any,
+) -> tuple[PaddedModel, float]:
+    """Run ``trajectory`` through the padded, compiled model (strict mode) and
+    compare every output with the unpadded eager model's; check the graph
+    count. Returns the wrapped model and the largest deviation seen."""
+    adapter = resolve_adapter(adapter)
+    wrapped = adapter.wrap(model, backend=backend, on_recompile="raise", **wrap_kwargs)
+    build = adapter.input_builder(model)
+    options = _options(adapter)
+    worst = 0.0
+    for step, structure in enumerate(trajectory):
+        data = build(structure)
+        ref = adapter.flat(adapter.reference(model, data, **options))
+        out = adapter.flat(wrapped(data, **options))
+        worst = max(worst, _compare(out, ref, atol=atol, rtol=rtol, where=f"step {step}"))
+    check_graphs(wrapped)
+    return wrapped, worst
+
+
+class PoisonedPadder:
+    """A padder that fills the dead atom rows of every floating-point field
+    with large random values after the real padder ran: real outputs must not
+    change by a bit. Everything else is the wrapped padder's."""
+
+    def __init__(self, inner: Any, *, scale: float = 1.0e3, seed: int = 0) -> None:
+        self.inner = inner
+        self.scale = scale
+        self.generator = torch.Generator().manual_seed(seed)
+        self.poisoned = 0  # dead rows overwritten so far
+
+    def pad(self, data: Any, cap_state: dict[str, int], cap_atoms: bool = True) -> Any:
+        out = self.inner.pad(data, cap_state, cap_atoms)
+        n, cap = self.inner.n_atoms, self.inner.caps[self.inner.atoms_key]
+        end = cap - (1 if getattr(self.inner, "sentinel_row", False) else 0)  # the model's own pad row stays
+        if out is None or end <= n:
+            return out
+        for value in _fields(out):
+            if isinstance(value, Tensor) and value.is_floating_point() and value.dim() and value.shape[0] == cap:
+                noise = torch.randn(end - n, *value.shape[1:], generator=self.generator, dtype=value.dtype)
+                with torch.no_grad():
+                    value[n:end] = noise.to(value.device) * self.scale
+                self.poisoned += end - n
+        return out
+
+    def unpad(self, output: Any, n_real: int | None = None) -> Any:
+        return self.inner.unpad(output, n_real)
+
+    def __getattr__(self, name: str) -> Any:  # restore(), allocations, caps ...
+        return getattr(self.inner, name)
+
+
+def _fields(data: Any) -> list[Any]:
+    if isinstance(data, Mapping):
+        return list(data.values())
+    if callable(getattr(data, "keys", None)):
+        return [data[k] for k in data.keys()]  # noqa: SIM118 - not a dict
+    return list(vars(data).values())
+
+
+def check_dead_rows(adapter: Any, model: torch.nn.Module, structure: Any, *, scale: float = 1.0e3, seed: int = 0) -> None:
+    """Real outputs are bit-identical whatever the dead rows hold, and finite."""
+    adapter = resolve_adapter(adapter)
+    build = adapter.input_builder(model)
+    options = _options(adapter)
+    plain = adapter.wrap(model, compile=False)
+    poisoned_padder = PoisonedPadder(adapter.make_padder(model), scale=scale, seed=seed)
+    poisoned = adapter.wrap(model, compile=False, padder=poisoned_padder)
+    for _ in range(2):  # the second call reuses the padder's buffers
+        want = _tensors(adapter.flat(plain(build(structure), **options)))
+        got = _tensors(adapter.flat(poisoned(build(structure), **options)))
+        assert poisoned_padder.poisoned > 0, "no dead atom rows to poison: pick a structure below the cap"
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            assert torch.isfinite(got[key]).all(), f"{key}: non-finite values with poisoned dead rows"
+            assert torch.equal(got[key].detach(), value.detach()), (
+                f"{key} changed with the dead rows' content: max deviation "
+                f"{float((got[key].detach() - value.detach()).abs().max()):.3g}"
+            )
+
+
+def check_call_forms(adapter: Any, model: torch.nn.Module, structure: Any, *, atol: float, rtol: float = 0.0,
+                     backend: str = "aot_eager") -> None:
+    """Every keyword set the model package's own drivers use works on the
+    wrapped model and gives the eager results (strict mode: a new form may
+    compile, a repeated one may not)."""
+    adapter = resolve_adapter(adapter)
+    wrapped = adapter.wrap(model, backend=backend, on_recompile="raise")
+    build = adapter.input_builder(model)
+    for form in (*adapter.call_forms, *adapter.call_forms):  # twice: the second pass compiles nothing
+        data = build(structure)
+        ref = adapter.flat(adapter.reference(model, data, **form))
+        out = adapter.flat(wrapped(data, **form))
+        _compare(out, ref, atol=atol, rtol=rtol, where=f"call form {form}")
+    assert wrapped.stats.unexplained == []
+
+
+def _get(data: Any, name: str) -> Tensor:
+    return data[name] if isinstance(data, Mapping) else getattr(data, name)
+
+
+def _set(data: Any, name: str, value: Tensor) -> None:
+    if isinstance(data, Mapping):
+        data[name] = value  # type: ignore[index]
+    else:
+        setattr(data, name, value)
+
+
+def check_autograd(adapter: Any, model: torch.nn.Module, structure: Any, *, atol: float, rtol: float = 0.0,
+                   backend: str = "aot_eager") -> None:
+    """Forces by autograd of the returned energy with respect to the caller's
+    positions (as with the native model) equal the eager forces."""
+    adapter = resolve_adapter(adapter)
+    if adapter.grad_input is None:
+        pytest.skip(f"adapter {adapter.name!r} declares no grad_input")
+    wrapped = adapter.wrap(model, backend=backend)
+    build = adapter.input_builder(model)
+    data = build(structure)
+    ref = adapter.flat(adapter.reference(model, data))
+    positions = _get(data, adapter.grad_input).detach().clone().requires_grad_(True)
+    _set(data, adapter.grad_input, positions)
+    out = adapter.flat(wrapped(data))
+    (grad,) = torch.autograd.grad(out[adapter.energy_key].sum(), positions)
+    n = ref["forces"].shape[0]
+    _compare({"forces": -grad[:n]}, {"forces": ref["forces"]}, atol=atol, rtol=rtol, where="autograd forces")
+
+
+def check_empty_rejected(adapter: Any, model: torch.nn.Module) -> None:
+    """An empty structure is a clear ``ValueError`` from the input builder."""
+    from ase import Atoms
+
+    adapter = resolve_adapter(adapter)
+    with pytest.raises(ValueError, match=r"\w"):
+        adapter.input_builder(model)(Atoms())
+    with pytest.raises(ValueError, match=r"\w"):
+        adapter.input_builder(model)([])
+
+
+def default_trajectory(adapter: Any, steps: int = 8) -> list[Any]:
+    """Structures from ``adapter.default_system()`` whose atom, edge and
+    system counts change: atoms deleted and rattled, every third step a
+    batch of two."""
+    import numpy as np
+
+    adapter = resolve_adapter(adapter)
+    if adapter.default_system is None:
+        raise ValueError(f"adapter {adapter.name!r} has no default_system: give the trajectory fixture")
+    base = adapter.default_system()
+    base = base[0] if isinstance(base, (list, tuple)) else base
+    rng = np.random.default_rng(0)
+
+    def variant(step: int) -> Any:
+        atoms = base.copy()
+        drop = int(rng.integers(0, 4))
+        if drop:
+            del atoms[sorted(rng.choice(len(atoms), size=drop, replace=False).tolist())]
+        atoms.rattle(0.03, seed=step)
+        return atoms
+
+    return [[variant(s), variant(s + 100)] if s % 3 == 2 else variant(s) for s in range(steps)]
+
+
+def _counts(structure: Any) -> tuple[int, int]:
+    parts = structure if isinstance(structure, (list, tuple)) else [structure]
+    return sum(len(p) for p in parts), len(parts)
+
+
+class AdapterTests:
+    """Base class of an adapter's conformance tests (see the module docstring).
+
+    Class attributes: ``adapter`` (name or Adapter), ``dtype``, ``atol``,
+    ``rtol``, ``backend`` (``"aot_eager"`` counts graphs without inductor's
+    compile time), ``poison_scale`` (magnitude of the dead-row values).
+    Fixtures to override: ``model``, ``trajectory``.
+    """
+
+    adapter: Any = None
+    dtype: torch.dtype = torch.float64
+    atol: float = 1e-10
+    rtol: float = 0.0
+    backend: str = "aot_eager"
+    poison_scale: float = 1.0e3
+
+    @pytest.fixture
+    def resolved(self) -> Any:
+        if self.adapter is None:
+            raise TypeError(f"{type(self).__name__} must set the class attribute 'adapter'")
+        return resolve_adapter(self.adapter)
+
+    @pytest.fixture
+    def model(self, resolved: Any) -> torch.nn.Module:
+        if resolved.random_model is None:
+            raise TypeError(f"adapter {resolved.name!r} has no random_model: override the 'model' fixture")
+        return resolved.random_model(self.dtype, "cpu")
+
+    @pytest.fixture
+    def trajectory(self, resolved: Any) -> list[Any]:
+        return default_trajectory(resolved)
+
+    def test_trajectory_changes_counts(self, trajectory: list[Any]) -> None:
+        counts = [_counts(s) for s in trajectory]
+        assert len({c[0] for c in counts}) > 1, "the trajectory must change the atom count"
+
+    def test_exact_with_one_graph_per_growth(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
+        wrapped, _ = check_exact(resolved, model, trajectory, atol=self.atol, rtol=self.rtol, backend=self.backend)
+        assert wrapped.stats.calls == len(trajectory)
+
+    def test_dead_rows_are_inert(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
+        check_dead_rows(resolved, model, trajectory[0], scale=self.poison_scale)
+
+    def test_native_call_forms(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
+        if not resolved.call_forms:
+            pytest.skip(f"adapter {resolved.name!r} declares no call_forms")
+        check_call_forms(resolved, model, trajectory[0], atol=self.atol, rtol=self.rtol, backend=self.backend)
+
+    def test_energy_differentiable_by_the_caller(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
+        check_autograd(resolved, model, trajectory[0], atol=self.atol, rtol=self.rtol, backend=self.backend)
+
+    def test_empty_structure_rejected(self, resolved: Any, model: torch.nn.Module) -> None:
+        check_empty_rejected(resolved, model)
+
+    def test_ase_calculator(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
+        from ddpad.ase import Calculator
+
+        atoms = next(s for s in trajectory if not isinstance(s, (list, tuple))).copy()
+        atoms.calc = Calculator(model, resolved, backend=self.backend)
+        energy = atoms.get_potential_energy()
+        ref = resolved.flat(resolved.reference(model, resolved.input_builder(model)(atoms)))
+        torch.testing.assert_close(torch.tensor(energy, dtype=torch.float64),
+                                   ref[resolved.energy_key].detach().double().sum(), atol=max(self.atol, 1e-6), rtol=self.rtol)
