@@ -27,7 +27,8 @@ class Adapter:
     make_padder
         ``model -> GraphPadder`` configured for the model's native input and cutoff.
     energy_key
-        Output key of the per-system energy.
+        Output key of the per-system energy in the native output (with
+        ``properties``, the flat key is ``"energy"``: :attr:`flat_energy_key`).
     atom_outputs
         Per-atom output keys (dead rows stripped by ``unpad``).
     system_outputs
@@ -84,7 +85,7 @@ class Adapter:
         adapter applies ``compile_fn`` to that part and returns the model to
         call. Default: the whole model is compiled.
     atom_energy_key
-        Output key of per-atom energies ``[N]``, for engines that own only
+        Key of per-atom energies ``[N]`` in the native output, for engines that own only
         some of the atoms they evaluate (LAMMPS domains sum their owned
         atoms); None when the model gives none.
     energy_only_options
@@ -101,6 +102,9 @@ class Adapter:
         caller may take forces by autograd of the returned energy with
         respect to it (as with the native model); None when the native
         model's energy is not connected to its input.
+    positions_key
+        The native input field holding atom positions, for engines that
+        differentiate the energy themselves (LAMMPS).
     evaluate
         Optional ``(model, native_input, *args, **kwargs) -> output``: the
         unpadded eager model, output shaped as the wrapped model's (the
@@ -134,6 +138,12 @@ class Adapter:
     energy_only_options: Mapping[str, Any] = field(default_factory=dict)
     call_forms: tuple[Mapping[str, Any], ...] = ()
     grad_input: str | None = None
+    positions_key: str = "positions"
+
+    @property
+    def flat_energy_key(self) -> str:
+        """The energy's key in :meth:`flat` properties."""
+        return "energy" if self.properties is not None else self.energy_key
 
     def flat(self, output: Any) -> dict[str, Any]:
         """Flat properties (energy, forces, stress ...) of a native output."""

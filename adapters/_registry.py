@@ -52,7 +52,6 @@ _BUILTINS: Mapping[str, _Builtin] = MappingProxyType({
     "nequip": _Builtin("ddpad.adapters.nequip:ADAPTER", ("nequip",), "pip install 'ddpad[nequip]'"),
     "allegro": _Builtin("ddpad.adapters.allegro:ADAPTER", ("allegro", "nequip"), "pip install 'ddpad[allegro]'"),
     "orb": _Builtin("ddpad.adapters.orb:ADAPTER", ("orb_models",), "pip install 'ddpad[orb]'"),
-    "mattersim": _Builtin(None, ("mattersim",), "pip install 'ddpad[mattersim]'"),
 })
 
 

@@ -18,7 +18,7 @@ import torch
 
 from ._runtime import Stats, UnpaddedCompiled, wrap
 
-__all__ = ["VARIANTS", "fluctuating_trajectory", "run_bench"]
+__all__ = ["VARIANTS", "figure", "fluctuating_trajectory", "plot", "run_bench"]
 
 VARIANTS = ("eager", "compile-static", "compile-dynamic", "compile-default", "native-padding", "ddpad")
 
@@ -94,8 +94,13 @@ def run_bench(
     backend: str = "inductor",
     variants: tuple[str, ...] = VARIANTS,
     call_kwargs: dict[str, Any] | None = None,
+    on_variant: Callable[[str, int, int, dict[str, Any] | None], None] | None = None,
 ) -> dict[str, Any]:
-    """Time each variant over the inputs built from ``structures``."""
+    """Time each variant over the inputs built from ``structures``.
+
+    ``on_variant(name, index, total, result)`` is called as each variant
+    starts (``result`` None) and ends (its timings); ``index`` counts from 1.
+    """
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise ValueError(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
@@ -106,7 +111,9 @@ def run_bench(
     inputs = [build(s) for s in structures]
     kwargs = dict(call_kwargs or {})
     results: dict[str, dict[str, Any]] = {}
-    for name in variants:
+    for index, name in enumerate(variants, start=1):
+        if on_variant is not None:
+            on_variant(name, index, len(variants), None)
         stats = Stats()
         variant_inputs = inputs
         if name == "eager":
@@ -134,6 +141,8 @@ def run_bench(
             def step(data: Any, unpadded: UnpaddedCompiled = unpadded) -> Any:
                 return unpadded(data, **kwargs)
         results[name] = _timed(step, variant_inputs, stats, device, advance_calls=name == "eager")
+        if on_variant is not None:
+            on_variant(name, index, len(variants), results[name])
     ratios = {}
     if "ddpad" in results:
         ours = results["ddpad"]
@@ -158,20 +167,28 @@ def run_bench(
     }
 
 
-def plot(result: dict[str, Any], path: str) -> None:
-    """Cumulative wall time against step, one line per variant."""
-    import matplotlib
+def figure(result: dict[str, Any]) -> Any:
+    """The bench plot as a matplotlib ``Figure``: cumulative wall time against
+    step, one line per variant, integer step ticks, the legend right of the
+    axes (off the curves)."""
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+    from matplotlib.ticker import MaxNLocator
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(9, 4.5))
+    ax = fig.add_subplot()
     for name, res in result["variants"].items():
-        ax.plot(range(1, len(res["cumulative_s"]) + 1), res["cumulative_s"], label=f"{name} ({res['graphs']} graphs)")
+        graphs = res["graphs"]
+        label = f"{name} ({graphs} graph{'' if graphs == 1 else 's'})"
+        ax.plot(range(1, len(res["cumulative_s"]) + 1), res["cumulative_s"], label=label)
     ax.set_xlabel("MD step")
     ax.set_ylabel("cumulative wall time [s]")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"ddpad bench {result['adapter']} ({result['device']}, backend {result['backend']})")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Write :func:`figure` to ``path``."""
+    figure(result).savefig(path, dpi=120)

@@ -5,8 +5,22 @@ columns to grow-only caps resolved in one :func:`resolve_caps` call, so an
 active agreement group costs one collective per step. Dead atoms live in
 their own dead system (``placement="own"``, the default) or are joined to
 the last real system (``"join"``, only for frameworks that sum owned
-per-atom energies under a mask). Padded tensors are written into
-persistent cap-sized buffers, reallocated only when a cap grows.
+per-atom energies under a mask).
+
+The per-call cost is kept to what the data needs. Everything fixed by the
+caps, the real system count and the input's fields, dtypes and trailing
+shapes (persistent cap-sized buffers, their views, fill values, the list of
+copies) is a *plan*, rebuilt only when one of those changes; buffers are
+reallocated only when their own shape, dtype or device changes, so the
+padded tensors keep their storage from call to call (what CUDA-graph replay
+needs). A steady-state call checks the input against the plan, copies every
+real row in one ``torch._foreach_copy_``, writes the dead positions (they
+follow the real atoms' bounding box) and reroutes sentinel neighbours. Dead
+rows are rewritten only where they went stale: when a real count drops from
+``n`` to ``m`` rows ``m .. n`` become dead, the others already are. A buffer
+someone else wrote into (its version counter moved) is rewritten whole. No
+device value is read on the host, except on the CPU, where whether any edge
+is a sentinel is read to skip the masked copies (no device to synchronise).
 """
 
 from __future__ import annotations
@@ -40,6 +54,246 @@ class Fill(enum.Enum):
 
 FillSpec = int | float | bool | Tensor | Fill
 Placement = Literal["own", "join"]
+_Value = Tensor | float | int | bool  # a resolved fill, broadcastable to one row (block)
+
+# devices whose values the host reads without a synchronisation
+_HOST_DEVICES = frozenset({"cpu"})
+
+
+def _write(view: Tensor, fill: _Value) -> None:
+    if isinstance(fill, Tensor):
+        view.copy_(fill)
+    else:
+        view.fill_(fill)
+
+
+class _Rows:
+    """A persistent cap-sized output buffer padded along its first dimension.
+
+    Real rows are written every call; dead rows only where they went stale
+    (:meth:`settle`). ``transposed`` buffers (a ``[2, E]`` edge index) are
+    padded along their last dimension; a row may be a block of ``unit`` rows
+    of the field (mace's per-system cell ``[S * 3, 3]``).
+    """
+
+    __slots__ = ("_last", "_n", "_real", "alias", "blocks", "buf", "extent", "fill", "flat", "transposed", "unit")
+
+    def __init__(self, buf: Tensor, fill: _Value | Fill | None, *, unit: int = 1, transposed: bool = False) -> None:
+        self.buf = buf
+        self.flat = buf.t() if transposed else buf
+        self.blocks = self.flat.view(-1, unit, *self.flat.shape[1:]) if unit > 1 else self.flat
+        self.alias = buf.detach()  # what the model gets: flags it sets never reach ``buf``
+        self.fill = fill
+        self.unit = unit
+        self.transposed = transposed
+        self.extent = -1  # rows holding real data after the last write; -1: dead rows unknown
+        self._n = -1
+        self._real = buf
+        self._last: tuple[int, Tensor, Tensor | None] | None = None
+
+    @property
+    def cap(self) -> int:
+        return self.blocks.shape[0]
+
+    def invalidate(self) -> None:
+        self.extent = -1
+
+    def real(self, n: int) -> Tensor:
+        """Where ``n`` real rows (blocks) go, in the field's own layout."""
+        if n != self._n:
+            view = self.flat[: n * self.unit]
+            self._real = view.t() if self.transposed else view
+            self._n = n
+        return self._real
+
+    def settle(self, n: int) -> None:
+        """Make rows ``n ..`` dead, writing only those that are not yet."""
+        stop = self.cap if self.extent < 0 else self.extent
+        if n < stop and not isinstance(self.fill, Fill):
+            _write(self.blocks[n:stop], self.fill)  # type: ignore[arg-type]
+        self.extent = n
+
+    def copy_last(self, n: int) -> None:
+        """:attr:`Fill.LAST_REAL`: every dead row is the last real one (zeros without one)."""
+        if self._last is None or self._last[0] != n:
+            self._last = (n, self.blocks[n:], self.blocks[n - 1] if n else None)
+        _, dead, last = self._last
+        if n < self.cap and last is not None:
+            dead.copy_(last)
+        elif n < self.cap:
+            dead.zero_()
+
+    def tail(self, n: int, src: Tensor) -> Tensor:
+        """The dead rows after ``n`` real ones as a new tensor (for ``torch.cat``)."""
+        fill = self.fill
+        if fill is Fill.LAST_REAL:
+            fill = src.detach().reshape(-1, *self.blocks.shape[1:])[-1] if n else 0
+        blocks = torch.as_tensor(fill, dtype=self.buf.dtype, device=self.buf.device)
+        blocks = blocks.expand(self.cap - n, *self.blocks.shape[1:])
+        return blocks.reshape(-1, *self.flat.shape[1:]) if self.unit > 1 else blocks
+
+
+class _Grid:
+    """A persistent ``[n_cap, k_cap, ...]`` neighbour buffer: the real block
+    ``[:n, :k]`` is written every call, the rest is ``fill``, rewritten only
+    where it went stale."""
+
+    __slots__ = ("_nk", "_real", "alias", "buf", "extent", "fill")
+
+    def __init__(self, buf: Tensor, fill: _Value) -> None:
+        self.buf = buf
+        self.alias = buf.detach()
+        self.fill = fill
+        self.extent: tuple[int, int] | None = None  # the real block after the last write
+        self._nk = (-1, -1)
+        self._real = buf
+
+    def invalidate(self) -> None:
+        self.extent = None
+
+    def real(self, n: int, k: int) -> Tensor:
+        if (n, k) != self._nk:
+            self._real = self.buf[:n, :k]
+            self._nk = (n, k)
+        return self._real
+
+    def settle(self, n: int, k: int) -> None:
+        """Make everything outside ``[:n, :k]`` dead, writing only stale parts."""
+        if self.extent == (n, k):
+            return
+        n_cap, k_cap = self.buf.shape[:2]
+        pn, pk = (n_cap, k_cap) if self.extent is None else self.extent
+        # what held real data (or is unknown) and no longer does
+        for r0, r1, c0, c1 in ((n, pn, 0, pk), (0, min(n, pn), k, pk)):
+            if r0 < r1 and c0 < c1:
+                _write(self.buf[r0:r1, c0:c1], self.fill)
+        self.extent = (n, k)
+
+
+class _Plan:
+    """What a padder writes for one layout: the fields copied from the input
+    each call, their buffers, the checks an input must pass to use it, the
+    dead rows that follow the counts, and what the last write left behind."""
+
+    # COO: positions, their dead offsets and bounding-box corner, the dead edge
+    # pair and edge fills; dense: neighbour matrices and fields
+    pos: _Rows
+    offsets: Tensor
+    far: Tensor
+    pos_views: tuple[int, Tensor, Tensor]
+    pair: Tensor
+    edge_fill: dict[int, Tensor]
+    edge_span: range
+    n_atom_fields: int
+    mats: list[tuple[str, _Grid, Tensor]]
+    neighbors: list[tuple[str, str, _Grid, Tensor]]
+
+    def __init__(self, key: tuple[Any, ...], config: tuple[dict[str, Any], ...]) -> None:
+        self.key = key
+        self.config = config  # the padder's field maps when built (they may be edited)
+        self.names: list[str] = []  # fields copied from the input each call, in order
+        self.dst: list[_Rows] = []
+        self.dtypes: list[torch.dtype] = []
+        self.layout: list[tuple[int, int, int, tuple[int, ...], tuple[int, ...]]] = []
+        self.floats: list[int] = []  # fields that may require grad
+        self.aliases: dict[str, Tensor] = {}
+        self.tracked: list[_Rows | _Grid] = []  # buffers whose dead rows are kept, not rewritten
+        self.versions: list[int] = []  # their version counters after the last write
+        self.dims: tuple[int, ...] | None = None  # the real counts of the last write
+        self.settle: list[tuple[_Rows, int]] = []  # (rows, dims index of its real count)
+        self.last_real: list[tuple[_Rows, int]] = []
+        self.count_rows: list[tuple[Tensor, int, int, bool]] = []  # (row, dims index, cap, add)
+        self.ptr_mid: Tensor | None = None  # ptr entries of empty systems: n
+        self.ptr_last: Tensor | None = None  # ptr[s] under "join": n_cap
+        self.ptr_value = 0
+        self._shapes: list[tuple[int, ...]] = []
+        self._views: list[Tensor] = []
+        self._view_dims: tuple[int, ...] | None = None
+
+    def add(self, name: str, rows: _Rows, src: Tensor, dim: int, *, view_dim: int | None = None,
+            tracked: bool = True) -> None:
+        """Copy ``src`` (``name``) into ``rows`` each call. Its padded dimension
+        has ``dims[dim]`` rows (blocks of ``rows.unit``); ``dims[view_dim]``
+        (default ``dim``) of them are real and copied."""
+        shape = tuple(src.shape)
+        axis = len(shape) - 1 if rows.transposed else 0
+        self.names.append(name)
+        self.dst.append(rows)
+        self.dtypes.append(src.dtype)
+        self.layout.append((dim, dim if view_dim is None else view_dim, rows.unit, shape[:axis], shape[axis + 1:]))
+        if src.is_floating_point() or src.is_complex():
+            self.floats.append(len(self.names) - 1)
+        self.aliases[name] = rows.alias
+        if tracked:
+            self.tracked.append(rows)
+            self.settle.append((rows, dim if view_dim is None else view_dim))
+
+    def fits(self, srcs: list[Tensor], dims: tuple[int, ...]) -> bool:
+        """Whether the input has the dtypes and shapes this plan was built for."""
+        if dims != self.dims or not self._shapes:
+            self._shapes = [(*before, dims[d] * unit, *after) for d, _, unit, before, after in self.layout]
+        return [t.dtype for t in srcs] == self.dtypes and [t.shape for t in srcs] == self._shapes
+
+    def mismatch(self, srcs: list[Tensor], dims: tuple[int, ...]) -> str:
+        """Why :meth:`fits` failed, for the error message."""
+        self.fits(srcs, dims)
+        for name, t, dtype, shape in zip(self.names, srcs, self.dtypes, self._shapes):
+            if t.dtype != dtype or tuple(t.shape) != shape:
+                return f"field {name!r} has shape {tuple(t.shape)}, expected {shape} from the real counts"
+        return "input does not match its padding plan"
+
+    def views(self, dims: tuple[int, ...]) -> list[Tensor]:
+        """Where each field's real rows go."""
+        if dims != self._view_dims:
+            self._views = [rows.real(dims[d]) for rows, (_, d, *_) in zip(self.dst, self.layout)]
+            self._view_dims = dims
+        return self._views
+
+    def check(self) -> bool:
+        """Before a call's writes: whether dead rows may be stale beyond what
+        the counts say (a new plan, or buffers someone else wrote into, whose
+        dead rows are then rewritten whole)."""
+        if self.dims is None:
+            return True
+        versions = [r.buf._version for r in self.tracked]
+        if versions == self.versions:
+            return False
+        for r, v, w in zip(self.tracked, versions, self.versions):
+            if v != w:
+                r.invalidate()
+        return True
+
+    def write_dead(self, dims: tuple[int, ...], stale: bool) -> None:
+        """Write the dead rows that went stale since the last call (all of
+        them when ``stale``), and those that follow the data
+        (:attr:`Fill.LAST_REAL`, counts, ``ptr``)."""
+        if stale or dims != self.dims:
+            for rows, d in self.settle:
+                rows.settle(dims[d])
+            if self.ptr_mid is not None:
+                self.ptr_mid.fill_(dims[0])
+        for rows, d in self.last_real:
+            rows.copy_last(dims[d])
+        for row, d, cap, add in self.count_rows:
+            if add:  # "join": the last real system, just copied
+                row.add_(cap - dims[d])
+            else:
+                row.fill_(cap - dims[d])
+        if self.ptr_last is not None:
+            self.ptr_last.fill_(self.ptr_value)
+
+    def done(self, dims: tuple[int, ...]) -> None:
+        self.versions = [r.buf._version for r in self.tracked]
+        self.dims = dims
+
+    def fresh_aliases(self, grads: bool = False) -> None:
+        """Replace aliases the model marked as requiring grad (or, with
+        ``grads``, holding a ``.grad``)."""
+        for i in self.floats:
+            rows = self.dst[i]
+            alias = rows.alias
+            if alias.requires_grad or (grads and alias.grad is not None):
+                rows.alias = self.aliases[self.names[i]] = rows.buf.detach()
 
 
 class _PadderBase:
@@ -84,6 +338,8 @@ class _PadderBase:
         self.n_systems: int | None = None
         self.caps: dict[str, int] = {}
         self._buffers: dict[str, Tensor] = {}
+        self._plan: _Plan | None = None
+        self._row_cache: tuple[tuple[int, ...], dict[str, int]] | None = None
         self.allocations = 0  # cap-sized buffers allocated so far (steady state: none)
 
     # -- the protocol ---------------------------------------------------------
@@ -100,6 +356,14 @@ class _PadderBase:
         cap_atoms
             False when the atom set is fixed: only edges / neighbour columns
             are capped, atoms get just the dead rows the padder needs.
+
+        Returns
+        -------
+        dict
+            ``data`` with its padded fields replaced by cap-sized tensors that
+            share storage with the padder's buffers from call to call (a field
+            that requires grad is concatenated instead, so gradients reach
+            it). Valid until the next ``pad``.
         """
         if data is None:
             return None
@@ -137,7 +401,11 @@ class _PadderBase:
         self.n_atoms = counts[self.atoms_key]
         self.n_systems = counts[self.systems_key]
         self.caps = dict(caps)
-        return self._pad_to(data, counts, caps)
+        try:
+            return self._pad_to(data, counts, caps)
+        except BaseException:
+            self._plan = None  # the buffers may be half written: the next call rewrites them whole
+            raise
 
     def unpad(self, output: Any, n_real: int | None = None) -> Any:
         """Slice per-atom outputs to the real atoms and per-system outputs to
@@ -149,7 +417,14 @@ class _PadderBase:
             return output[:n_atoms]
         if output is None or not isinstance(output, Mapping):
             return output
-        return self._unpad_mapping(output, n_atoms)
+        return self._unpad_mapping(output, self._rows_of(n_atoms))
+
+    def _rows_of(self, n_atoms: int) -> dict[str, int]:
+        """:meth:`_row_counts`, cached while the counts stay the same."""
+        key = (n_atoms, self.n_systems, getattr(self, "n_edges", None))
+        if self._row_cache is None or self._row_cache[0] != key:
+            self._row_cache = (key, self._row_counts(n_atoms))
+        return self._row_cache[1]
 
     def _row_counts(self, n_atoms: int) -> dict[str, int]:
         """Output key -> real rows."""
@@ -158,30 +433,28 @@ class _PadderBase:
             rows.update({key: self.n_systems for key in self.system_outputs})
         return rows
 
-    def _unpad_mapping(self, output: Mapping[str, Any], n_atoms: int) -> dict[str, Any]:
+    def _unpad_mapping(self, output: Mapping[str, Any], rows: Mapping[str, int]) -> dict[str, Any]:
         """Slice known output keys, at any depth of nested dicts (fairchem
         nests them per head and property)."""
-        rows = self._row_counts(n_atoms)
         unpadded = {}
         for key, value in output.items():
             if isinstance(value, Mapping):
-                value = self._unpad_mapping(value, n_atoms)
-            elif isinstance(value, Tensor) and key in rows:
+                value = self._unpad_mapping(value, rows)
+            elif key in rows and isinstance(value, Tensor):
                 value = value[: rows[key]]
             unpadded[key] = value
         return unpadded
 
     def restore(self) -> None:
-        """Reset the persistent buffers' ``requires_grad`` and ``.grad``.
+        """Hand out fresh aliases for buffers the model flagged.
 
-        The model gets fresh aliases of the buffers each call, so flags it sets
-        on its inputs (mace and UMA call ``requires_grad_``) never persist;
-        this resets anything set on the buffers themselves. Frameworks call it
-        after every padded forward (nvalchemi's protocol expects it)."""
-        for buf in self._buffers.values():
-            buf.grad = None
-            if buf.requires_grad:
-                buf.requires_grad_(False)
+        The model gets aliases of the buffers (never the buffers), so flags it
+        sets on its inputs (mace and UMA call ``requires_grad_``) never reach
+        the buffers; an alias that requires grad or holds a ``.grad`` is
+        replaced before the next call. Frameworks call this after every padded
+        forward (nvalchemi's protocol expects it); ``pad`` checks it too."""
+        if self._plan is not None:
+            self._plan.fresh_aliases(grads=True)
 
     # -- hooks ----------------------------------------------------------------
 
@@ -198,6 +471,26 @@ class _PadderBase:
         return 0
 
     # -- shared helpers -------------------------------------------------------
+
+    def _config(self) -> tuple[dict[str, Any], ...]:
+        """The editable field maps a plan depends on (nvalchemi's engine adds fields)."""
+        return (self.atom_fields, self.system_fields)
+
+    def _plan_for(self, key: tuple[Any, ...]) -> _Plan | None:
+        """The current plan if it was built for ``key`` and the field maps did not change."""
+        plan = self._plan
+        if plan is None or plan.key != key:
+            return None
+        try:
+            if plan.config != self._config():
+                return None
+        except RuntimeError:  # a tensor fill replaced by another: compared elementwise
+            return None
+        return plan
+
+    def _new_plan(self, key: tuple[Any, ...]) -> _Plan:
+        self._plan = None
+        return _Plan(key, tuple(dict(m) for m in self._config()))
 
     def _system_need(self, n_systems: int) -> int:
         """Systems the padded graph needs: one more for an own dead system."""
@@ -234,7 +527,7 @@ class _PadderBase:
             return int(_require(data, self.system_count).shape[0])
         if system_index is not None and system_index in data:
             labels = data[system_index]
-            return int(labels.max()) + 1 if labels.numel() else 0
+            return int(labels.max()) + 1 if labels.numel() else 0  # a count: read once
         return 1
 
     def _dead_system(self, n_systems: int, s_cap: int) -> int:
@@ -250,34 +543,16 @@ class _PadderBase:
             self.allocations += 1
         return buf
 
-    def _rows(self, name: str, real: Tensor, n_rows: int, dead: Tensor | float | int | bool) -> Tensor:
-        """``real`` followed by dead rows up to ``n_rows``.
-
-        Written into a persistent buffer; a real tensor that requires grad is
-        concatenated instead so gradients reach the caller's tensor.
-        """
-        n = real.shape[0]
-        if real.requires_grad:
-            tail = torch.as_tensor(dead, dtype=real.dtype, device=real.device)
-            return torch.cat([real, tail.expand(n_rows - n, *real.shape[1:])])
-        buf = self._buffer(name, (n_rows, *real.shape[1:]), real)
-        with torch.no_grad():
-            buf[:n].copy_(real)
-            if isinstance(dead, Tensor):
-                buf[n:].copy_(dead)
-            else:
-                buf[n:].fill_(dead)
-        return buf.detach()
-
-    def _fill_value(self, spec: FillSpec, like: Tensor, dead_system: int) -> Tensor | float | int | bool:
-        """Resolve a fill marker to a value broadcastable to one row of ``like``."""
+    def _fill_value(self, spec: FillSpec, like: Tensor, dead_system: int) -> _Value | Fill:
+        """Resolve a fill marker to a value broadcastable to one row (block) of
+        ``like``; :attr:`Fill.LAST_REAL` stays a marker (it follows the data)."""
         if isinstance(spec, Fill):
             if spec is Fill.LAST_SYSTEM:
                 return dead_system
             if spec is Fill.DEAD_CELL:
                 return torch.eye(3, dtype=like.dtype, device=like.device) * self.dead_length
             if spec is Fill.LAST_REAL:
-                return like[-1].detach() if like.shape[0] else torch.zeros_like(like[:1])[0]
+                return spec
             row = torch.zeros(like.shape[-1], dtype=like.dtype, device=like.device)
             if self.self_loop:
                 row[0] = self.dead_length if spec is Fill.DEAD_SHIFT else 1
@@ -286,28 +561,43 @@ class _PadderBase:
             return spec.to(dtype=like.dtype, device=like.device)
         return spec
 
-    def _pad_systems(
-        self, data: Mapping[str, Tensor], out: dict[str, Any], n_atoms: int, n_cap: int,
-        n_systems: int, s_cap: int, dead_system: int,
+    def _plan_systems(
+        self, plan: _Plan, data: Mapping[str, Tensor], dim: int, s: int, s_cap: int, n_cap: int,
+        dead_system: int, counts: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
-        """Pad per-system fields (a block of rows per system) and ``ptr``."""
-        for name, spec in self.system_fields.items():
-            if name not in data:
+        """Plan the per-system fields (a block of rows per system), the
+        per-system count fields (``{name: (dims index, cap)}``: the dead
+        system counts the dead rows) and ``ptr``. ``dims[dim]`` is ``s``,
+        ``dims[dim + 1]`` ``s + 1``."""
+        counts = counts or {}
+        fields = {name: spec for name, spec in self.system_fields.items() if name not in counts}
+        fields.update({name: 0 for name in counts})
+        for name, spec in fields.items():
+            if name not in data or name in plan.aliases:
                 continue
             real = data[name]
-            rows = real.shape[0] // n_systems if n_systems else _rows_per_system(real, spec)
+            unit = real.shape[0] // s if s else _rows_per_system(real, spec)
+            if real.shape[0] != unit * s:
+                raise ValueError(
+                    f"ddpad: per-system field {name!r} has {real.shape[0]} rows, not a multiple of {s} systems"
+                )
             fill = self._fill_value(spec, real, dead_system)
-            if rows == 1:
-                out[name] = self._rows(name, real, s_cap, fill)
-            else:  # a block of rows per system, e.g. mace's cell [S * 3, 3]
-                blocks = real.reshape(n_systems, rows, *real.shape[1:])
-                padded = self._rows(name, blocks, s_cap, fill)
-                out[name] = padded.reshape(s_cap * rows, *real.shape[1:])
-        if self.ptr is not None and self.ptr in data:
-            ptr = self._rows(self.ptr, data[self.ptr], s_cap + 1, n_atoms)
-            with torch.no_grad():
-                ptr[dead_system + 1:] = n_cap
-            out[self.ptr] = ptr
+            rows = _Rows(self._buffer(name, (s_cap * unit, *real.shape[1:]), real), fill, unit=unit)
+            plan.add(name, rows, real, dim)
+            if fill is Fill.LAST_REAL:
+                plan.last_real.append((rows, dim))
+            if name in counts:  # own: a dead row, rewritten; join: the last real one, added to
+                d, cap = counts[name]
+                plan.count_rows.append((rows.blocks[dead_system], d, cap, self.placement == "join"))
+        if self.ptr is not None and self.ptr in data and self.ptr not in plan.aliases:
+            ptr = data[self.ptr]
+            # real offsets, then n up to the dead system (empty systems), then n_cap
+            rows = _Rows(self._buffer(self.ptr, (s_cap + 1,), ptr), n_cap)
+            plan.add(self.ptr, rows, ptr, dim + 1)
+            if self.placement == "own":
+                plan.ptr_mid = rows.buf[s + 1: s_cap] if s + 1 < s_cap else None
+            else:  # the copy writes ptr[s] = n each call: the dead system ends at n_cap
+                plan.ptr_last, plan.ptr_value = rows.buf[s: s + 1], n_cap
 
 
 def _rows_per_system(real: Tensor, spec: FillSpec) -> int:
@@ -406,6 +696,8 @@ class COOPadder(_PadderBase):
         if not cutoff > 0:
             raise ValueError(f"cutoff must be > 0, got {cutoff!r}")
         edge_fields = dict(edge_fields or {})
+        if Fill.LAST_REAL in edge_fields.values():
+            raise ValueError("Fill.LAST_REAL is for per-system (or per-atom) fields, not edge fields")
         # A self-loop needs its lattice image through the dead system's own
         # cell; joined to a real cell (maybe zero) it could be short, so
         # "join" uses the anchor pair with zero shifts.
@@ -443,18 +735,17 @@ class COOPadder(_PadderBase):
             rows.update({key: self.n_edges for key in self.edge_outputs})
         return rows
 
+    def _config(self) -> tuple[dict[str, Any], ...]:
+        return (self.atom_fields, self.system_fields, self.edge_fields)
+
     def _dead_rows_needed(self) -> int:
         return 1 if self.self_loop else 2
 
-    def _edges(self, data: Mapping[str, Tensor]) -> Tensor:
-        """The edge index as ``[2, E]`` (a view for the ``E2`` layout)."""
-        ei = _require(data, self.edge_index)
-        return ei if self.edge_layout == "2E" else ei.t()
-
     def _count(self, data: Mapping[str, Tensor]) -> dict[str, int]:
+        ei = _require(data, self.edge_index)
         return {
             self.atoms_key: int(_require(data, self.positions).shape[0]),
-            self.edges_key: int(self._edges(data).shape[1]),
+            self.edges_key: int(ei.shape[1 if self.edge_layout == "2E" else 0]),
             self.systems_key: self._n_systems(data, self.system_index),
         }
 
@@ -463,56 +754,130 @@ class COOPadder(_PadderBase):
 
     def _pad_to(self, data: Mapping[str, Tensor], counts: dict[str, int], caps: Mapping[str, int]) -> dict[str, Any]:
         n, e, s = counts[self.atoms_key], counts[self.edges_key], counts[self.systems_key]
-        n_cap, e_cap, s_cap = caps[self.atoms_key], caps[self.edges_key], caps[self.systems_key]
         self.n_edges = e
-        dead_system = self._dead_system(s, s_cap)
-        out: dict[str, Any] = dict(data)
+        key = (caps[self.atoms_key], caps[self.edges_key], caps[self.systems_key], s,
+               data[self.positions].device, tuple(data))
+        dims = (n, e, s, s + 1)
+        plan = self._plan_for(key)
+        srcs = [data[k] for k in plan.names] if plan is not None else []
+        if plan is None or not plan.fits(srcs, dims):
+            plan = self._plan_coo(data, key, n, s, caps)
+            srcs = [data[k] for k in plan.names]
+            if not plan.fits(srcs, dims):
+                raise ValueError(f"ddpad: {plan.mismatch(srcs, dims)}")
+        out = self._write(plan, data, srcs, dims)
+        self._plan = plan
+        return out
 
-        # dead atoms beyond the real atoms' bounding box: out of every cutoff
+    def _plan_coo(self, data: Mapping[str, Tensor], key: tuple[Any, ...], n: int, s: int, caps: Mapping[str, int]) -> _Plan:
+        n_cap, e_cap, s_cap = caps[self.atoms_key], caps[self.edges_key], caps[self.systems_key]
+        dead_system = self._dead_system(s, s_cap)
+        plan = self._new_plan(key)
+
+        # positions: dead atoms beyond the real atoms' bounding box in every
+        # coordinate (out of every cutoff), so rewritten each call; the anchor
+        # pair dead_length apart
         pos = data[self.positions]
-        far = pos.detach().amax(0) if n else torch.zeros(3, dtype=pos.dtype, device=pos.device)
-        # outside no_grad: positions that require grad (forces taken by the
-        # caller) stay connected through the padded tensor
-        out[self.positions] = self._rows(self.positions, pos, n_cap, far + self.dead_length)
-        if not self.self_loop:  # the anchor pair, dead_length apart
-            out[self.positions][n_cap - 1, 0] += self.dead_length
-        for name, spec in self.atom_fields.items():
-            if name in data:
-                out[name] = self._rows(name, data[name], n_cap, self._fill_value(spec, data[name], dead_system))
+        plan.pos = _Rows(self._buffer(self.positions, (n_cap, *pos.shape[1:]), pos), None)
+        plan.add(self.positions, plan.pos, pos, 0, tracked=False)
+        plan.offsets = torch.full((n_cap, *pos.shape[1:]), self.dead_length, dtype=pos.dtype, device=pos.device)
+        if not self.self_loop:
+            plan.offsets[n_cap - 1, 0] += self.dead_length
+        plan.far = torch.empty(pos.shape[1:], dtype=pos.dtype, device=pos.device)
+        plan.pos_views = (-1, pos, pos)
 
         # edges: dead ones and sentinels (an endpoint >= n) join the dead atom(s)
+        ei = data[self.edge_index]
         sender, receiver = (n_cap - 1, n_cap - 1) if self.self_loop else (n_cap - 2, n_cap - 1)
-        ei = self._edges(data)
-        native = data[self.edge_index]
-        shape = (2, e_cap) if self.edge_layout == "2E" else (e_cap, 2)
-        buf = self._buffer(self.edge_index, shape, native)
-        view = buf if self.edge_layout == "2E" else buf.t()
-        invalid = (ei >= n).any(0)
-        with torch.no_grad():
-            view[:, :e].copy_(ei)
-            view[0, :e].masked_fill_(invalid, sender)
-            view[1, :e].masked_fill_(invalid, receiver)
-            view[0, e:] = sender
-            view[1, e:] = receiver
-        out[self.edge_index] = buf
+        transposed = self.edge_layout == "2E"
+        pair = torch.tensor([sender, receiver], dtype=ei.dtype, device=ei.device)
+        shape = (2, e_cap) if transposed else (e_cap, 2)
+        plan.add(self.edge_index, _Rows(self._buffer(self.edge_index, shape, ei), pair, transposed=transposed), ei, 1)
+        plan.pair = pair[:, None] if transposed else pair
+        plan.edge_fill = {}
         for name, spec in self.edge_fields.items():
-            if name not in data:
-                continue
-            fill = self._fill_value(spec, data[name], dead_system)
-            padded = self._rows(name, data[name], e_cap, fill)
-            with torch.no_grad():
-                padded[:e][invalid] = torch.as_tensor(fill, dtype=padded.dtype, device=padded.device)
-            out[name] = padded
-        self._pad_systems(data, out, n, n_cap, s, s_cap, dead_system)
-        # dead rows are counted by the system that holds them (dead edges
-        # join dead atoms, so both belong to the dead atoms' system)
-        for name, dead in ((self.atom_counts, n_cap - n), (self.edge_counts, e_cap - e)):
-            if name is not None and name in data:
-                counts = self._rows(name, data[name], s_cap, 0)
-                with torch.no_grad():
-                    counts[dead_system] += dead
-                out[name] = counts
+            if name in data and name not in plan.aliases:
+                real = data[name]
+                fill = self._fill_value(spec, real, dead_system)
+                plan.edge_fill[len(plan.names)] = torch.as_tensor(fill, dtype=real.dtype, device=real.device)
+                plan.add(name, _Rows(self._buffer(name, (e_cap, *real.shape[1:]), real), fill), real, 1)
+        plan.edge_span = range(1, len(plan.names))
+
+        for name, spec in self.atom_fields.items():
+            if name in data and name not in plan.aliases:
+                real = data[name]
+                fill = self._fill_value(spec, real, dead_system)
+                rows = _Rows(self._buffer(name, (n_cap, *real.shape[1:]), real), fill)
+                plan.add(name, rows, real, 0)
+                if fill is Fill.LAST_REAL:
+                    plan.last_real.append((rows, 0))
+        # dead rows are counted by the system that holds them (dead edges join
+        # dead atoms, so both belong to the dead atoms' system)
+        counted = {name: (d, cap) for name, d, cap in ((self.atom_counts, 0, n_cap), (self.edge_counts, 1, e_cap))
+                   if name is not None}
+        self._plan_systems(plan, data, 2, s, s_cap, n_cap, dead_system, counted)
+        return plan
+
+    def _write(self, plan: _Plan, data: Mapping[str, Tensor], srcs: list[Tensor], dims: tuple[int, ...]) -> dict[str, Any]:
+        n, e = dims[0], dims[1]
+        stale = plan.check()
+        views = plan.views(dims)
+        grad = {i for i in plan.floats if srcs[i].requires_grad}
+        ei = srcs[1]
+        # sentinels: read on the host only where that is free (no device to wait for)
+        masked = e > 0 and (ei.device.type not in _HOST_DEVICES or int(ei.max()) >= n)
+        concat: dict[str, Tensor] = {}
+        if not grad and not masked:
+            torch._foreach_copy_(views, srcs)  # every real row of every field, one call
+        else:
+            skip = grad | (set(plan.edge_span) if masked else set())
+            keep = [i for i in range(len(srcs)) if i not in skip]
+            torch._foreach_copy_([views[i] for i in keep], [srcs[i] for i in keep])
+            if masked:
+                self._write_sentinels(plan, srcs, views, n, e, grad, concat)
+            for i in grad:
+                if i != 0 and not (masked and i in plan.edge_span):  # positions below
+                    count = dims[plan.layout[i][1]]
+                    concat[plan.names[i]] = torch.cat([srcs[i], plan.dst[i].tail(count, srcs[i])])
+        self._write_positions(plan, srcs[0], n, 0 in grad, concat)
+        plan.write_dead(dims, stale)
+        plan.done(dims)
+        plan.fresh_aliases()
+        out = dict(data)
+        out.update(plan.aliases)
+        out.update(concat)
         return out
+
+    def _write_positions(self, plan: _Plan, pos: Tensor, n: int, grad: bool, concat: dict[str, Tensor]) -> None:
+        if grad:  # concatenated: forces taken by the caller reach its positions
+            far = pos.detach().amax(0) if n else 0.0
+            concat[self.positions] = torch.cat([pos, plan.offsets[n:] + far])
+            return
+        if plan.pos_views[0] != n:
+            plan.pos_views = (n, plan.offsets[n:], plan.pos.flat[n:])
+        _, offsets, dead = plan.pos_views
+        if n:
+            torch.amax(pos, 0, out=plan.far)
+            torch.add(offsets, plan.far, out=dead)
+        else:
+            dead.copy_(offsets)
+
+    def _write_sentinels(
+        self, plan: _Plan, srcs: list[Tensor], views: list[Tensor], n: int, e: int, grad: set[int],
+        concat: dict[str, Tensor],
+    ) -> None:
+        """Edges with an endpoint ``>= n`` join the dead atom(s) with dead edge fields."""
+        ei = srcs[1]
+        transposed = self.edge_layout == "2E"
+        invalid = (ei >= n).any(0 if transposed else 1)
+        torch.where(invalid if transposed else invalid[:, None], plan.pair, ei, out=views[1])
+        for i in plan.edge_span[1:]:
+            src, fill = srcs[i], plan.edge_fill[i]
+            mask = invalid.view(e, *(1,) * (src.dim() - 1))
+            if i in grad:
+                concat[plan.names[i]] = torch.cat([torch.where(mask, fill, src), plan.dst[i].tail(e, src)])
+            else:
+                torch.where(mask, fill, src, out=views[i])
 
 
 _DENSE_ATOMS = CapPolicy(initial_factor=1.15, grow_factor=1.15, stride=16, strict_gt=False)
@@ -588,6 +953,9 @@ class DensePadder(_PadderBase):
             for i, name in enumerate(self.nbmat)
         }
 
+    def _config(self) -> tuple[dict[str, Any], ...]:
+        return (self.atom_fields, self.system_fields, self.neighbor_fields)
+
     def _dead_rows_needed(self) -> int:
         return 1 if self.sentinel_row else 0
 
@@ -624,46 +992,106 @@ class DensePadder(_PadderBase):
 
     def _pad_to(self, data: Mapping[str, Tensor], counts: dict[str, int], caps: Mapping[str, int]) -> dict[str, Any]:
         n, s = counts[self.atoms_key], counts[self.systems_key]
+        first = data[self.nbmat[0]]
+        present = self._present_nbmat(data)
+        alias_of = {name: next(k for k in present if data[k] is data[name])
+                    for name in self.nbmat if name in data and name not in present}
+        widths = tuple((data[name].dtype, caps.get(self.width_keys[name], data[name].shape[1])) for name in present)
+        neighbors = tuple((data[name].dtype, data[name].shape[2:]) for name in self.neighbor_fields if name in data)
+        key = (caps[self.atoms_key], caps[self.systems_key], s, first.device, tuple(data), widths,
+               tuple(alias_of.items()), neighbors)
+        dims = (n, int(first.shape[0]), s, s + 1)
+        plan = self._plan_for(key)
+        srcs = [data[k] for k in plan.names] if plan is not None else []
+        if plan is None or not plan.fits(srcs, dims):
+            plan = self._plan_dense(data, key, n, s, caps, present, alias_of)
+            srcs = [data[k] for k in plan.names]
+            if not plan.fits(srcs, dims):
+                raise ValueError(f"ddpad: {plan.mismatch(srcs, dims)}")
+        out = self._write(plan, data, srcs, dims)
+        self._plan = plan
+        return out
+
+    def _plan_dense(
+        self, data: Mapping[str, Tensor], key: tuple[Any, ...], n: int, s: int, caps: Mapping[str, int],
+        present: list[str], alias_of: dict[str, str],
+    ) -> _Plan:
         n_cap, s_cap = caps[self.atoms_key], caps[self.systems_key]
         dead_system = self._dead_system(s, s_cap)
         pad_index = n_cap - 1 if self.sentinel_row else n_cap
-        out: dict[str, Any] = dict(data)
+        plan = self._new_plan(key)
         for name, spec in self.atom_fields.items():
-            if name in data:
-                real = data[name][:n]
-                out[name] = self._rows(name, real, n_cap, self._fill_value(spec, real, dead_system))
-        masks: dict[str, Tensor] = {}
-        present = self._present_nbmat(data)
+            if name in data and name not in plan.aliases:
+                real = data[name]  # rows long (a sentinel row included): its first n rows are real
+                fill = self._fill_value(spec, real, dead_system)
+                rows = _Rows(self._buffer(name, (n_cap, *real.shape[1:]), real), fill)
+                plan.add(name, rows, real, 1, view_dim=0)
+                if fill is Fill.LAST_REAL:
+                    plan.last_real.append((rows, 0))
+        plan.n_atom_fields = len(plan.names)
+        self._plan_systems(plan, data, 2, s, s_cap, n_cap, dead_system)
+        # neighbour matrices: sentinels and every dead slot point at the pad index
+        plan.mats = []
         for name in present:
             mat = data[name]
             k_cap = caps.get(self.width_keys[name], mat.shape[1])
-            buf = self._buffer(name, (n_cap, k_cap), mat)
-            sentinel = mat[:n] >= n
-            masks[name] = sentinel
-            with torch.no_grad():
-                buf.fill_(pad_index)
-                buf[:n, : mat.shape[1]].copy_(mat[:n]).masked_fill_(sentinel, pad_index)
-            out[name] = buf
-        for name in self.nbmat:  # aliases of a padded matrix stay aliases
-            if name in data and name not in present:
-                kept = next(k for k in present if data[k] is data[name])
-                out[name], masks[name] = out[kept], masks[kept]
+            grid = _Grid(self._buffer(name, (n_cap, k_cap), mat), pad_index)
+            plan.mats.append((name, grid, torch.tensor(pad_index, dtype=mat.dtype, device=mat.device)))
+            plan.aliases[name] = grid.alias
+            plan.tracked.append(grid)
+        for name, kept in alias_of.items():  # aliases of a padded matrix stay aliases
+            plan.aliases[name] = plan.aliases[kept]
+        plan.neighbors = []
         for name, (mat_name, spec) in self.neighbor_fields.items():
             if name not in data:
                 continue
             real = data[name]
-            k_cap = out[mat_name].shape[1]
+            k_cap = plan.aliases[mat_name].shape[1]
             fill = self._fill_value(spec, real, dead_system)
-            buf = self._buffer(name, (n_cap, k_cap, *real.shape[2:]), real)
-            with torch.no_grad():
-                if isinstance(fill, Tensor):
-                    buf.copy_(fill.expand_as(buf))
-                else:
-                    buf.fill_(fill)
-                buf[:n, : real.shape[1]].copy_(real[:n])
-                buf[:n, : real.shape[1]][masks[mat_name]] = torch.as_tensor(fill, dtype=buf.dtype, device=buf.device)
-            out[name] = buf
-        self._pad_systems(data, out, n, n_cap, s, s_cap, dead_system)
+            grid = _Grid(self._buffer(name, (n_cap, k_cap, *real.shape[2:]), real), fill)
+            fill_t = torch.as_tensor(fill, dtype=real.dtype, device=real.device)
+            plan.neighbors.append((name, alias_of.get(mat_name, mat_name), grid, fill_t))
+            plan.aliases[name] = grid.alias
+            plan.tracked.append(grid)
+        return plan
+
+    def _write(self, plan: _Plan, data: Mapping[str, Tensor], srcs: list[Tensor], dims: tuple[int, ...]) -> dict[str, Any]:
+        n = dims[0]
+        stale = plan.check()
+        views = plan.views(dims)
+        k = plan.n_atom_fields
+        if self.sentinel_row:  # the input's own pad atom is not a real row
+            srcs = [t[:n] for t in srcs[:k]] + srcs[k:]
+        grad = [i for i in plan.floats if srcs[i].requires_grad]
+        concat: dict[str, Tensor] = {}
+        if not grad:
+            torch._foreach_copy_(views, srcs)
+        else:
+            keep = [i for i in range(len(srcs)) if i not in grad]
+            torch._foreach_copy_([views[i] for i in keep], [srcs[i] for i in keep])
+            for i in grad:
+                count = dims[plan.layout[i][1]]
+                concat[plan.names[i]] = torch.cat([srcs[i], plan.dst[i].tail(count, srcs[i])])
+        plan.write_dead(dims, stale)
+        masks: dict[str, Tensor] = {}
+        for name, grid, pad in plan.mats:
+            mat = data[name]
+            real = mat[:n] if self.sentinel_row else mat
+            masks[name] = sentinel = real >= n
+            torch.where(sentinel, pad, real, out=grid.real(n, real.shape[1]))
+            grid.settle(n, real.shape[1])
+        for name, mat_name, grid, fill in plan.neighbors:
+            real = data[name].detach()  # as before: not differentiated through
+            real = real[:n] if self.sentinel_row else real
+            sentinel = masks[mat_name]
+            mask = sentinel.view(*sentinel.shape, *(1,) * (real.dim() - 2))
+            torch.where(mask, fill, real, out=grid.real(n, real.shape[1]))
+            grid.settle(n, real.shape[1])
+        plan.done(dims)
+        plan.fresh_aliases()
+        out = dict(data)
+        out.update(plan.aliases)
+        out.update(concat)
         return out
 
 

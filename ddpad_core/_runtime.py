@@ -224,7 +224,14 @@ class _CountingBackend:
         self.stats.graphs_by_call[call] = self.stats.graphs_by_call.get(call, 0) + 1
         return self.inner(gm, example_inputs)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> _CountingBackend:
+        # a recorder: a copy would count into a copy of the stats (lightning,
+        # imported by nequip, deep-copies the arguments of torch.compile)
+        return self
+
     def __getattr__(self, name: str) -> Any:  # reset(), get_compiler_config() ...
+        if name == "inner" or name.startswith("__"):  # copy / pickle probe before __init__ ran
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
 

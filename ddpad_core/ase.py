@@ -75,12 +75,15 @@ class Calculator(_AseCalculator):
     def calculate(self, atoms: Any = None, properties: Any = None, system_changes: Any = all_changes) -> None:
         super().calculate(atoms, properties, system_changes)
         wants_stress = bool(self.atoms.pbc.all()) and "stress" in (properties or [])
+        adapter = self.evaluate.adapter
         out = self.evaluate(self.atoms, stress=wants_stress, **self.call_kwargs)
-        energy = float(out[self.evaluate.adapter.energy_key].detach().sum())
+        energy = float(out[adapter.flat_energy_key].detach().sum())
         self.results = {"energy": energy, "free_energy": energy}
         if isinstance(out.get("forces"), torch.Tensor):
             self.results["forces"] = _numpy(out["forces"])
-        if isinstance(out.get("node_energy"), torch.Tensor):
-            self.results["energies"] = _numpy(out["node_energy"])
+        for key in (adapter.atom_energy_key, "energies"):
+            if key is not None and isinstance(out.get(key), torch.Tensor):
+                self.results["energies"] = _numpy(out[key])
+                break
         if wants_stress and isinstance(out.get("stress"), torch.Tensor):
             self.results["stress"] = full_3x3_to_voigt_6_stress(_numpy(out["stress"]).reshape(3, 3))

@@ -1,34 +1,97 @@
-"""The ``ddpad`` command: ``list`` adapters and ``run`` compiled, padded MD.
+"""The ddpad command: list adapters, run compiled padded MD, benchmark.
 
-Bad input (unknown adapter, missing file, bad system) prints one line
-starting with ``ddpad: error:`` and exits with status 2.
+Every mistake in the input (unknown adapter, missing or unreadable file,
+system the model does not know, unavailable device, bad option) prints one
+line starting with ``ddpad: error:`` and exits with status 2, never a
+traceback. Known third-party noise (TorchScript and ``torch.load`` warnings,
+import-time banners) is silenced unless ``-v`` is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
+import inspect
+import io
 import json
+import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 __all__ = ["main"]
 
+DESCRIPTION = (
+    "Keep torch.compile'd interatomic potentials on one compiled graph through MD. "
+    "Commands: 'list' shows the adapters and whether their model package is installed; "
+    "'run' runs compiled, padded Langevin MD; 'bench' times eager, unpadded torch.compile "
+    "and ddpad on one trajectory whose atom count changes. 'ddpad COMMAND -h' for options."
+)
+
+# Warnings third-party packages raise on every run that the user can do
+# nothing about (shown with -v): (message prefix, category).
+_NOISE: tuple[tuple[str, type[Warning]], ...] = (
+    ("The TorchScript type system doesn't support instance-level annotations", UserWarning),  # e3nn
+    ("Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected", UserWarning),  # e3nn under mace
+    ("To copy construct from a tensor", UserWarning),  # mace's model constructor
+    ("You are using `torch.load` with `weights_only=False`", FutureWarning),
+    ("Could not find or load the NVIDIA CUDA driver", UserWarning),  # warp on a CPU machine
+)
+
 
 class CliError(Exception):
     """A user error: reported on one line, exit status 2."""
 
 
-def _adapter(name: str) -> Any:
+def _one_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's message (its type if none)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                    line: str | None = None) -> str:
+    """Warnings as one line: ddpad's own as ``ddpad: warning: ...``, others
+    (shown with -v) with their origin."""
+    text = str(message)
+    if text.startswith("ddpad: "):
+        return f"ddpad: warning: {text[len('ddpad: '):]}\n"
+    return f"{category.__name__} ({filename}:{lineno}): {text}\n"
+
+
+def _silence_noise() -> None:
+    """Hide the known third-party warnings (not ddpad's own)."""
+    for message, category in _NOISE:
+        warnings.filterwarnings("ignore", message=message, category=category)
+
+
+@contextlib.contextmanager
+def _quiet_prints(verbose: bool) -> Iterator[None]:
+    """Swallow what model packages print on import (e.g. mace's cuequivariance
+    notice, Warp's banner); with ``-v`` let it through."""
+    if verbose:
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+    warp = sys.modules.get("warp")
+    config = getattr(warp, "config", None)
+    if config is not None and hasattr(config, "quiet"):
+        config.quiet = True  # Warp prints its banner when it initialises, later
+
+
+def _adapter(name: str, verbose: bool = False) -> Any:
     from ddpad import adapters
 
     try:
-        return adapters.get(name)
+        with _quiet_prints(verbose):
+            return adapters.get(name)
     except (adapters.AdapterNotFound, adapters.AdapterUnavailable) as exc:
         raise CliError(str(exc)) from None
 
@@ -67,6 +130,46 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- checks of the input -------------------------------------------------------
+
+
+def _device(spec: str | None) -> str:
+    """The device to run on: ``spec`` checked against this torch build, or
+    cuda when available, else cpu."""
+    if spec is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise CliError(f"--device {spec!r} is not a device torch knows (cpu, cuda, cuda:1 ...)") from None
+    if device.type == "cuda":
+        if torch.version.cuda is None and torch.version.hip is None:
+            raise CliError(f"--device {spec}: this torch {torch.__version__} is built without CUDA; "
+                           "install a CUDA build of torch or use --device cpu")
+        if not torch.cuda.is_available():
+            raise CliError(f"--device {spec}: torch sees no GPU on this machine; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise CliError(f"--device {spec}: only {torch.cuda.device_count()} GPU(s) visible")
+    return spec
+
+
+def _dtype(adapter: Any, name: str | None) -> torch.dtype:
+    if name is not None:
+        return {"float32": torch.float32, "float64": torch.float64}[name]
+    return torch.float64 if adapter.name == "mace" else torch.get_default_dtype()
+
+
+def _output_path(path: str | None, option: str) -> None:
+    """``path`` can be written: its directory exists."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CliError(f"{option} {path!r}: directory {folder!r} does not exist")
+    if os.path.isdir(path):
+        raise CliError(f"{option} {path!r} is a directory, not a file")
+
+
 def _system(adapter: Any, spec: str | None) -> Any:
     """The system to simulate: the adapter's default, an ASE-readable file,
     or a name ``ase.build`` knows (a molecule or a bulk crystal)."""
@@ -80,8 +183,8 @@ def _system(adapter: Any, spec: str | None) -> Any:
     if os.path.exists(spec):
         try:
             return ase.io.read(spec)
-        except Exception as exc:
-            raise CliError(f"cannot read system file {spec!r}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - any reader failure is the file's
+            raise CliError(f"cannot read system file {spec!r}: {_one_line(exc)}") from None
     if spec.endswith((".xyz", ".extxyz", ".cif", ".traj", ".pdb", ".vasp")) or os.sep in spec:
         raise CliError(f"system file {spec!r} does not exist")
     try:
@@ -96,108 +199,277 @@ def _system(adapter: Any, spec: str | None) -> Any:
         ) from None
 
 
-def _model(adapter: Any, path: str | None, dtype: torch.dtype, device: str) -> tuple[torch.nn.Module, str]:
+def _numbers(atoms: Any) -> set[int]:
+    structures = atoms if isinstance(atoms, (list, tuple)) else [atoms]
+    return {int(z) for a in structures for z in a.numbers}
+
+
+def _symbols(numbers: Sequence[int]) -> str:
+    from ase.data import chemical_symbols
+
+    return ", ".join(chemical_symbols[z] for z in numbers)
+
+
+def _model(
+    adapter: Any, path: str | None, dtype: torch.dtype, device: str, atoms: Any, verbose: bool = False
+) -> tuple[torch.nn.Module, str]:
+    """The model to run and a description of it. Without ``path``, the
+    adapter's random model; if it takes ``atomic_numbers`` (mace), built for
+    the system's elements as well as its own defaults."""
     if path is None:
         if adapter.random_model is None:
             raise CliError(f"adapter {adapter.name!r} cannot build a random model; pass --model PATH")
-        return adapter.random_model(dtype, device), "RANDOMLY INITIALISED model (no --model given): numbers are not physical"
+        options: dict[str, Any] = {}
+        what = "RANDOMLY INITIALISED model (no --model given): numbers are not physical"
+        param = inspect.signature(adapter.random_model).parameters.get("atomic_numbers")
+        if param is not None:
+            default = tuple(param.default) if param.default is not inspect.Parameter.empty else ()
+            numbers = tuple(sorted(set(default) | _numbers(atoms)))
+            options["atomic_numbers"] = numbers
+            what = f"RANDOMLY INITIALISED model for {_symbols(numbers)} (no --model given): numbers are not physical"
+        with _quiet_prints(verbose):
+            return adapter.random_model(dtype, device, **options), what
     if not os.path.exists(path):
         raise CliError(f"model file {path!r} does not exist")
     if adapter.load_model is None:
         raise CliError(f"adapter {adapter.name!r} cannot load checkpoints")
-    return adapter.load_model(path, device).to(dtype), f"model {path}"
+    try:
+        with _quiet_prints(verbose):
+            model = adapter.load_model(path, device)
+    except Exception as exc:  # noqa: BLE001 - whatever the file holds, one line
+        raise CliError(
+            f"cannot load {path!r} as a {adapter.name} model ({type(exc).__name__}: {_one_line(exc)}); "
+            "see docs/pages/trained-models.md for the file each adapter takes"
+        ) from None
+    if not isinstance(model, torch.nn.Module):
+        hint = " (a state_dict or a training checkpoint?)" if isinstance(model, dict) else ""
+        raise CliError(
+            f"cannot load {path!r} as a {adapter.name} model: it holds a {type(model).__name__}{hint}, "
+            "not a model; see docs/pages/trained-models.md"
+        )
+    return model.to(dtype), f"model {path}"
 
 
-def _progress(step: int, total: int, started: float) -> None:
-    """A progress bar on a terminal; a line per 10 % otherwise (logs, CI)."""
-    width = 30
-    done = int(width * step / total)
-    rate = step / max(time.perf_counter() - started, 1e-9)
-    line = f"[{'#' * done}{'.' * (width - done)}] {step}/{total} steps, {rate:6.2f} steps/s"
-    if sys.stderr.isatty():
-        sys.stderr.write("\r" + line + ("\n" if step == total else ""))
-    elif step == total or step % max(1, total // 10) == 0:
-        sys.stderr.write(line + "\n")
-    sys.stderr.flush()
+def _check_fits(adapter: Any, model: torch.nn.Module, atoms: Any) -> None:
+    """Build the model's input once: a system with elements (or charges,
+    tasks ...) the model does not know fails here, on one line."""
+    try:
+        adapter.input_builder(model)(atoms)
+    except (ValueError, KeyError) as exc:
+        raise CliError(f"the system does not fit the model: {_one_line(exc)}") from None
+
+
+def _load_caps(path: str | None) -> dict[str, int] | None:
+    """The caps in ``path`` if it exists (None otherwise); any unreadable,
+    corrupt or foreign file is one error line."""
+    if path is None or not os.path.exists(path):
+        return None
+    from ddpad import load_caps
+
+    try:
+        caps = load_caps(path)
+    except (ValueError, OSError) as exc:
+        message = _one_line(exc)
+        raise CliError(message if path in message else f"caps file {path!r}: {message}") from None
+    return caps
+
+
+def _cache_dir() -> str:
+    """ddpad's folder in the user's cache (``$XDG_CACHE_HOME/ddpad``,
+    ``~/.cache/ddpad``; ``~/Library/Caches/ddpad`` on macOS,
+    ``%LOCALAPPDATA%\\ddpad`` on Windows)."""
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~\\AppData\\Local")
+    elif sys.platform == "darwin":
+        base = os.path.expanduser("~/Library/Caches")
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "ddpad")
+
+
+# -- what the user sees while it runs -------------------------------------------
+
+
+class _Progress:
+    """A progress bar on a terminal, a line per 10 % otherwise (logs, CI).
+    Steps/s count from :meth:`start` (after the first call's compile)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.started = time.perf_counter()
+        self.open = False  # a bar is drawn on the current terminal line
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+
+    def step(self, step: int) -> None:
+        width = 30
+        done = int(width * step / self.total)
+        rate = step / max(time.perf_counter() - self.started, 1e-9)
+        line = f"[{'#' * done}{'.' * (width - done)}] {step}/{self.total} steps, {rate:6.2f} steps/s"
+        if sys.stderr.isatty():
+            self.open = step != self.total
+            sys.stderr.write("\r" + line + ("\n" if step == self.total else ""))
+        elif step == self.total or step % max(1, self.total // 10) == 0:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def say(self, message: str) -> None:
+        """Print ``message`` on a line of its own, under any drawn bar."""
+        if self.open:
+            sys.stderr.write("\n")
+            self.open = False
+        print(message, flush=True)
+
+
+class _Announcing:
+    """Stands in for a padded model's padder: when a call will compile (the
+    first call, or caps grew), says so before the compile starts."""
+
+    def __init__(self, padder: Any, name: str, progress: _Progress) -> None:
+        self._padder = padder
+        self._name = name
+        self._progress = progress
+        self._first = True
+
+    def pad(self, data: Any, cap_state: dict[str, int], *args: Any, **kwargs: Any) -> Any:
+        before = dict(cap_state)
+        out = self._padder.pad(data, cap_state, *args, **kwargs)
+        if self._first:
+            self._first = False
+            self._progress.say(f"compiling {self._name} at caps {dict(cap_state)} (first call)…")
+        elif cap_state != before:
+            grown = ", ".join(f"{k} {before.get(k)} -> {v}" for k, v in cap_state.items() if before.get(k) != v)
+            self._progress.say(f"caps grew ({grown}): compiling one more graph…")
+        return out
+
+    def __getattr__(self, name: str) -> Any:  # unpad, restore, allocations ...
+        return getattr(self._padder, name)
+
+
+def _langevin(atoms: Any) -> Any:
+    """Langevin MD at 300 K, 0.5 fs; the centre of mass held by ``FixCom``
+    (ASE's own ``fixcm`` flag is deprecated)."""
+    import numpy as np
+    from ase import units
+    from ase.constraints import FixCom
+    from ase.md.langevin import Langevin
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+
+    atoms.set_constraint([*atoms.constraints, FixCom()])
+    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
+    return Langevin(atoms, 0.5 * units.fs, temperature_K=300, friction=0.01 / units.fs, fixcm=False,
+                    rng=np.random.default_rng(1))
+
+
+# -- the commands ----------------------------------------------------------------
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Langevin MD (300 K) under ASE with the adapter's fixed-shape model."""
-    adapter = _adapter(args.adapter)
+    adapter = _adapter(args.adapter, args.verbose)
     if args.steps < 1:
         raise CliError(f"--steps must be >= 1, got {args.steps}")
+    if args.traj_every < 1:
+        raise CliError(f"--traj-every must be >= 1, got {args.traj_every}")
     if args.caps is not None and not os.path.exists(args.caps) and not args.caps.endswith(".json"):
         raise CliError(f"caps file {args.caps!r} does not exist (and is not a .json path to write)")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = {"float32": torch.float32, "float64": torch.float64, None: None}[args.dtype]
-    if dtype is None:
-        dtype = torch.float64 if adapter.name == "mace" else torch.get_default_dtype()
+    for path, option in ((args.caps, "--caps"), (args.traj, "--traj"), (args.json, "--json")):
+        _output_path(path, option)
+    device = _device(args.device)
+    dtype = _dtype(adapter, args.dtype)
+    caps_in = _load_caps(args.caps)
     atoms = _system(adapter, args.system)
-
-    from ase import units
-    from ase.md.langevin import Langevin
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+    if isinstance(atoms, (list, tuple)):
+        raise CliError("ddpad run takes one system (one ase.Atoms); this file holds several")
+    model, what = _model(adapter, args.model, dtype, device, atoms, args.verbose)
+    _check_fits(adapter, model, atoms)
 
     from ddpad.ase import Calculator
 
-    model, what = _model(adapter, args.model, dtype, device)
     print(f"ddpad run {adapter.name}: {len(atoms)} atoms, {what}, device {device}, {dtype}")
-    caps_in = args.caps if args.caps and os.path.exists(args.caps) else None
+    if caps_in is not None:
+        print(f"caps loaded from {args.caps}: {caps_in}")
     compile_kwargs = {"backend": args.backend} if not args.no_compile else {}
-    calc = Calculator(model, adapter, compile=not args.no_compile, caps=caps_in, **compile_kwargs)
+    try:
+        calc = Calculator(model, adapter, compile=not args.no_compile,
+                          caps=args.caps if caps_in is not None else None, **compile_kwargs)
+    except (ValueError, OSError) as exc:  # the caps file (e.g. another adapter's)
+        if caps_in is None:
+            raise
+        raise CliError(_one_line(exc)) from None
+    progress = _Progress(args.steps)
+    wrapped = calc.wrapped
+    assert wrapped is not None
+    if not args.no_compile:
+        wrapped.padder = _Announcing(wrapped.padder, adapter.name, progress)
     atoms.calc = calc
-    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=__import__("numpy").random.default_rng(0))
-    dyn = Langevin(atoms, 0.5 * units.fs, temperature_K=300, friction=0.01 / units.fs, rng=__import__("numpy").random.default_rng(1))
+    dyn = _langevin(atoms)
     writer = None
     if args.traj:
         import ase.io
 
-        writer = open(args.traj, "w")  # noqa: SIM115 - closed below
+        writer = open(args.traj, "w", encoding="utf-8")  # noqa: SIM115 - closed below
         dyn.attach(lambda: ase.io.write(writer, atoms, format="extxyz"), interval=args.traj_every)
-    started = time.perf_counter()
     counter = {"step": 0}
 
     def tick() -> None:
         counter["step"] += 1
         if counter["step"] <= args.steps:
-            _progress(counter["step"], args.steps, started)
+            progress.step(counter["step"])
 
     dyn.attach(tick, interval=1)
+    started = time.perf_counter()
     try:
-        atoms.get_potential_energy()  # step 0: first compile
+        atoms.get_potential_energy()  # step 0: the first compile
         first = time.perf_counter() - started
+        if not args.no_compile:
+            print(f"first call done in {first:.1f} s (compile included)", flush=True)
+        progress.start()
         dyn.run(args.steps)
     finally:
         if writer is not None:
             writer.close()
     elapsed = time.perf_counter() - started
-    stats = calc.wrapped.stats
+    stats = wrapped.stats
     steady = args.steps / max(elapsed - first, 1e-9)
-    print(f"{args.steps} steps in {elapsed:.1f} s ({args.steps / elapsed:.2f} steps/s overall, "
-          f"{steady:.2f} steps/s after the first call, which took {first:.1f} s)")
+    print(f"{args.steps} steps in {elapsed:.1f} s ({steady:.2f} steps/s after the first call, "
+          f"{args.steps / elapsed:.2f} steps/s overall)")
     print(f"compiled graphs: {stats.graphs}; cap growths: {len(stats.growths)}; unexplained recompiles: {len(stats.unexplained)}")
     print("fill: " + ", ".join(f"{k} {stats.fill[k]:.2f} (cap {stats.caps[k]})" for k in sorted(stats.fill)))
-    caps_out = args.caps or f"ddpad-{adapter.name}-caps.json"
-    calc.wrapped.save_caps(caps_out)
+    caps_out = args.caps
+    if caps_out is None:
+        os.makedirs(_cache_dir(), exist_ok=True)
+        caps_out = os.path.join(_cache_dir(), f"{adapter.name}-caps.json")
+    wrapped.save_caps(caps_out)
     print(f"caps written to {caps_out} (pass --caps {caps_out} to start warm)")
     if args.traj:
         print(f"trajectory written to {args.traj}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"adapter": adapter.name, "atoms": len(atoms), "steps": args.steps, "seconds": elapsed,
-                       "first_call_seconds": first, "model": what, "device": device, **stats.as_dict()}, fh, indent=2)
+                       "first_call_seconds": first, "model": what, "device": device, "caps_file": caps_out,
+                       **stats.as_dict()}, fh, indent=2)
     return 0
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Eager, unpadded compiles and ddpad on one fluctuating trajectory."""
     from ._bench import VARIANTS, fluctuating_trajectory, plot, run_bench
 
-    adapter = _adapter(args.adapter)
+    adapter = _adapter(args.adapter, args.verbose)
     if args.steps < 2:
         raise CliError(f"--steps must be >= 2, got {args.steps}")
     if not 0.0 <= args.rate <= 1.0:
         raise CliError(f"--rate must be in [0, 1], got {args.rate}")
+    if args.rattle < 0:
+        raise CliError(f"--rattle must be >= 0, got {args.rattle}")
+    if args.repeat < 1:
+        raise CliError(f"--repeat must be >= 1, got {args.repeat}")
     variants = tuple(args.variants.split(",")) if args.variants else VARIANTS
     bad = sorted(set(variants) - set(VARIANTS))
     if bad:
@@ -206,28 +478,48 @@ def cmd_bench(args: argparse.Namespace) -> int:
         import matplotlib  # noqa: F401
     except ImportError:
         raise CliError("ddpad bench plots with matplotlib: pip install matplotlib") from None
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = {"float32": torch.float32, "float64": torch.float64, None: None}[args.dtype]
-    if dtype is None:
-        dtype = torch.float64 if adapter.name == "mace" else torch.get_default_dtype()
+    for path, option in ((args.out, "--out"), (args.plot, "--plot")):
+        _output_path(path, option)
+    device = _device(args.device)
+    dtype = _dtype(adapter, args.dtype)
     base = _system(adapter, args.system)
+    if isinstance(base, (list, tuple)):
+        raise CliError("ddpad bench takes one system (one ase.Atoms); this file holds several")
     if args.repeat != 1:
         if not base.pbc.all():
             raise CliError("--repeat needs a periodic system")
         base = base * (args.repeat, args.repeat, args.repeat)
-    model, what = _model(adapter, args.model, dtype, device)
+    model, what = _model(adapter, args.model, dtype, device, base, args.verbose)
+    _check_fits(adapter, model, base)
     structures = fluctuating_trajectory(base, args.steps, args.rattle, args.rate, seed=args.seed)
     print(f"ddpad bench {adapter.name}: {len(base)} atoms (+-{args.rate} insert/delete per step, "
           f"rattle {args.rattle} A), {args.steps} steps, {what}, device {device}, backend {args.backend}")
-    result = run_bench(adapter, model, structures, backend=args.backend, variants=variants)
+    compiled_times: list[float] = []
+
+    def report(name: str, index: int, total: int, result: dict[str, Any] | None) -> None:
+        if result is None:
+            print(f"[{index}/{total}] {name}: {args.steps} steps…", flush=True)
+            return
+        line = (f"[{index}/{total}] {name}: {result['total_s']:.1f} s (compile {result['compile_s']:.1f} s), "
+                f"{result['graphs']} graph{'' if result['graphs'] == 1 else 's'}")
+        if name != "eager":
+            compiled_times.append(result["total_s"])
+        left = total - index
+        if left and compiled_times:  # rough: every compiled variant like the mean so far
+            line += f"; roughly {_minutes(left * sum(compiled_times) / len(compiled_times))} left"
+        print(line, flush=True)
+
+    result = run_bench(adapter, model, structures, backend=args.backend, variants=variants, on_variant=report)
     result.update(model=what, seed=args.seed, rattle=args.rattle, rate=args.rate, threads=torch.get_num_threads())
-    print(f"{'variant':<16} {'total s':>9} {'compile s':>10} {'median ms':>10} {'graphs':>7} {'recomp':>7} {'ddpad x':>8}")
+    print(f"{'variant':<16} {'total s':>9} {'compile s':>10} {'median ms':>10} {'graphs':>7} {'recomp':>7} "
+          f"{'ddpad faster by':>16}")
     for name, res in result["variants"].items():
         med = res["steady_median_s"]
         ratio = result["ddpad_speedup"].get(name, {}).get("total")
         print(f"{name:<16} {res['total_s']:9.2f} {res['compile_s']:10.2f} "
               f"{(med * 1e3 if med else float('nan')):10.2f} {res['graphs']:7d} {res['recompiles']:7d} "
-              f"{(f'{ratio:.2f}' if ratio else '-'):>8}")
+              f"{(f'{ratio:.2f}x' if ratio else '-'):>16}")
+    print("ddpad faster by: this variant's total time / ddpad's (below 1: this variant was faster)")
     with open(args.out, "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=2)
     plot(result, args.plot)
@@ -235,47 +527,96 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- the parser -------------------------------------------------------------------
+
+
+def _verbose_option(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", default=default,
+                        help="show third-party warnings and notices and ddpad's INFO log (default: hidden)")
+
+
+def _common_options(parser: argparse.ArgumentParser) -> None:
+    """The options ``run`` and ``bench`` share."""
+    parser.add_argument("adapter", help="adapter name (see 'ddpad list')")
+    parser.add_argument("--model", metavar="PATH",
+                        help="trained model file (docs: 'Use your trained model'); default: a randomly "
+                             "initialised model (mace: built for the system's elements plus H, C, O)")
+    parser.add_argument("--system", metavar="FILE|NAME",
+                        help="structure file (any ASE format) or a name ase.build knows (H2O, Cu); "
+                             "default: the adapter's built-in system")
+    parser.add_argument("--device", help="cpu, cuda or cuda:N; default: cuda when torch sees a GPU, else cpu")
+    parser.add_argument("--dtype", choices=["float32", "float64"],
+                        help="model precision; default: float64 for mace, torch's default dtype otherwise")
+    parser.add_argument("--backend", default="inductor",
+                        help="torch.compile backend (aot_eager skips inductor's code generation: a faster "
+                             "compile, for trying things out); default: inductor")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ddpad", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_list = sub.add_parser("list", help="adapters, whether their model package is installed, install hints")
-    p_list.add_argument("--json", action="store_true", help="machine-readable output")
+    parser = argparse.ArgumentParser(prog="ddpad", description=DESCRIPTION)
+    _verbose_option(parser, False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,run,bench}")
+
+    p_list = sub.add_parser("list", help="adapters, whether their model package is installed, install hints",
+                            description="Every adapter, whether its model package is installed, and how to install it.")
+    p_list.add_argument("--json", action="store_true", help="machine-readable output (default: a table)")
+    _verbose_option(p_list, argparse.SUPPRESS)
     p_list.set_defaults(func=cmd_list)
-    p_run = sub.add_parser("run", help="compiled, padded MD with an adapter")
-    p_run.add_argument("adapter", help="adapter name (see `ddpad list`)")
-    p_run.add_argument("--model", help="local checkpoint; default: a randomly initialised model")
-    p_run.add_argument("--system", help="structure file (any ASE format) or name; default: the adapter's built-in system")
-    p_run.add_argument("--steps", type=int, default=200)
-    p_run.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    p_run.add_argument("--dtype", choices=["float32", "float64"])
-    p_run.add_argument("--backend", default="inductor", help="torch.compile backend (default inductor)")
-    p_run.add_argument("--no-compile", action="store_true", help="pad but run eagerly")
-    p_run.add_argument("--caps", help="caps JSON: read at start if it exists, written at the end")
-    p_run.add_argument("--traj", help="write an extxyz trajectory here")
-    p_run.add_argument("--traj-every", type=int, default=10)
-    p_run.add_argument("--json", help="write the run's numbers (timings, graphs, growths, fill) here")
+
+    p_run = sub.add_parser(
+        "run", help="compiled, padded Langevin MD (300 K) with an adapter",
+        description="Compiled, padded Langevin MD at 300 K, 0.5 fs steps, under ASE. Prints steps/s, compiled "
+                    "graphs, cap growths and fill; writes the caps for a warm restart.")
+    _common_options(p_run)
+    p_run.add_argument("--steps", type=int, default=200, help="MD steps (default: 200)")
+    p_run.add_argument("--no-compile", action="store_true",
+                       help="pad but run eagerly, no torch.compile (default: compile)")
+    p_run.add_argument("--caps", metavar="FILE.json",
+                       help="caps file: read at the start if it exists (a warm restart), written at the end; "
+                            f"default: write to {os.path.join(_cache_dir(), 'ADAPTER-caps.json')}")
+    p_run.add_argument("--traj", metavar="FILE", help="write an extxyz trajectory here (default: none)")
+    p_run.add_argument("--traj-every", type=int, default=10, metavar="N",
+                       help="write every N-th step to --traj (default: 10)")
+    p_run.add_argument("--json", metavar="FILE",
+                       help="write the run's numbers (timings, graphs, growths, fill) here (default: none)")
+    _verbose_option(p_run, argparse.SUPPRESS)
     p_run.set_defaults(func=cmd_run)
-    p_bench = sub.add_parser("bench", help="eager / unpadded compiles / ddpad on one fluctuating trajectory")
-    p_bench.add_argument("adapter")
-    p_bench.add_argument("--model", help="local checkpoint; default: a randomly initialised model")
-    p_bench.add_argument("--system", help="structure file or name; default: the adapter's built-in system")
-    p_bench.add_argument("--repeat", type=int, default=1, help="supercell repeat of a periodic system (size)")
-    p_bench.add_argument("--steps", type=int, default=60)
-    p_bench.add_argument("--rattle", type=float, default=0.05, help="per-step displacement scale, A")
-    p_bench.add_argument("--rate", type=float, default=0.3, help="probability per step of an atom insert/delete")
-    p_bench.add_argument("--seed", type=int, default=0)
-    p_bench.add_argument("--variants", help="comma-separated subset of the variants (default all)")
-    p_bench.add_argument("--backend", default="inductor")
-    p_bench.add_argument("--device")
-    p_bench.add_argument("--dtype", choices=["float32", "float64"])
-    p_bench.add_argument("--out", default="ddpad-bench.json")
-    p_bench.add_argument("--plot", default="ddpad-bench.png")
+
+    p_bench = sub.add_parser(
+        "bench", help="eager / unpadded torch.compile / ddpad on one fluctuating trajectory",
+        description="Time eager, torch.compile without padding (dynamic=False, True, default), the model "
+                    "package's own padding where it has one, and ddpad on one trajectory whose atom count "
+                    "changes; write a JSON report and a plot. The default takes about 10 minutes for mace on "
+                    "a 2-core CPU (compiles dominate); for a quick look: --steps 20 --variants "
+                    "eager,compile-dynamic,ddpad.")
+    _common_options(p_bench)
+    p_bench.add_argument("--repeat", type=int, default=1, metavar="N",
+                         help="N x N x N supercell of a periodic system, to scale it up (default: 1)")
+    p_bench.add_argument("--steps", type=int, default=60, help="trajectory length (default: 60)")
+    p_bench.add_argument("--rattle", type=float, default=0.05, metavar="A",
+                         help="per-step random displacement scale in A (default: 0.05)")
+    p_bench.add_argument("--rate", type=float, default=0.3,
+                         help="probability per step of inserting or deleting an atom (default: 0.3)")
+    p_bench.add_argument("--seed", type=int, default=0, help="random seed of the trajectory (default: 0)")
+    p_bench.add_argument("--variants", metavar="A,B,...",
+                         help="comma-separated subset of eager, compile-static, compile-dynamic, "
+                              "compile-default, native-padding, ddpad (default: all)")
+    p_bench.add_argument("--out", default="ddpad-bench.json", metavar="FILE",
+                         help="JSON report (default: ddpad-bench.json)")
+    p_bench.add_argument("--plot", default="ddpad-bench.png", metavar="FILE",
+                         help="plot of cumulative wall time against step (default: ddpad-bench.png)")
+    _verbose_option(p_bench, argparse.SUPPRESS)
     p_bench.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    warnings.formatwarning = _format_warning
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    else:
+        _silence_noise()
     try:
         return int(args.func(args))
     except CliError as exc:

@@ -108,7 +108,7 @@ def check_exact(
 
 
 class PoisonedPadder:
-    """A padder that fills the dead atom rows of every floating-point field
+    """A padder that fills the dead atom rows of every floating-point per-atom field
     with large random values after the real padder ran: real outputs must not
     change by a bit. Everything else is the wrapped padder's."""
 
@@ -124,7 +124,7 @@ class PoisonedPadder:
         end = cap - (1 if getattr(self.inner, "sentinel_row", False) else 0)  # the model's own pad row stays
         if out is None or end <= n:
             return out
-        for value in _fields(out):
+        for value in _atom_fields(self.inner, out):
             if isinstance(value, Tensor) and value.is_floating_point() and value.dim() and value.shape[0] == cap:
                 noise = torch.randn(end - n, *value.shape[1:], generator=self.generator, dtype=value.dtype)
                 with torch.no_grad():
@@ -139,33 +139,55 @@ class PoisonedPadder:
         return getattr(self.inner, name)
 
 
-def _fields(data: Any) -> list[Any]:
-    if isinstance(data, Mapping):
-        return list(data.values())
-    if callable(getattr(data, "keys", None)):
-        return [data[k] for k in data.keys()]  # noqa: SIM118 - not a dict
-    return list(vars(data).values())
+def _atom_fields(padder: Any, data: Any) -> list[Any]:
+    """The per-atom fields the padder pads (its ``atom_fields`` and
+    ``positions``); every atoms-cap-long field when it does not say (an
+    edge field of the same length could then be hit: name them). A padder
+    of a non-dict input offers ``flatten(data) -> {name: tensor}`` (sharing
+    the tensors) so its fields can be found by the names it uses."""
+    if callable(getattr(padder, "flatten", None)):
+        fields = dict(padder.flatten(data))
+    elif isinstance(data, Mapping):
+        fields = dict(data)
+    elif callable(getattr(data, "keys", None)):
+        fields = {k: data[k] for k in data.keys()}  # noqa: SIM118 - not a dict
+    else:
+        fields = dict(vars(data))
+    named = set(getattr(padder, "atom_fields", None) or ()) | {getattr(padder, "positions", None)}
+    named.discard(None)
+    return [fields[k] for k in named if k in fields] if named else list(fields.values())
 
 
-def check_dead_rows(adapter: Any, model: torch.nn.Module, structure: Any, *, scale: float = 1.0e3, seed: int = 0) -> None:
-    """Real outputs are bit-identical whatever the dead rows hold, and finite."""
+def check_dead_rows(adapter: Any, model: torch.nn.Module, structure: Any, *, scale: float = 1.0e3, seed: int = 0) -> dict[str, float]:
+    """Real outputs do not change, whatever the dead rows hold, and stay finite.
+
+    Bit-identical where the model is deterministic; a model whose own repeated
+    runs differ (parallel scatter sums, measured here by running it three
+    times) may differ by at most four times that run-to-run noise. Returns the
+    noise per output key.
+    """
     adapter = resolve_adapter(adapter)
     build = adapter.input_builder(model)
     options = _options(adapter)
     plain = adapter.wrap(model, compile=False)
+    runs = [_tensors(adapter.flat(plain(build(structure), **options))) for _ in range(3)]
+    want = runs[0]
+    noise = {k: max(float((r[k].detach() - v.detach()).abs().max()) if v.numel() else 0.0 for r in runs)
+             for k, v in want.items()}
     poisoned_padder = PoisonedPadder(adapter.make_padder(model), scale=scale, seed=seed)
     poisoned = adapter.wrap(model, compile=False, padder=poisoned_padder)
     for _ in range(2):  # the second call reuses the padder's buffers
-        want = _tensors(adapter.flat(plain(build(structure), **options)))
         got = _tensors(adapter.flat(poisoned(build(structure), **options)))
         assert poisoned_padder.poisoned > 0, "no dead atom rows to poison: pick a structure below the cap"
         assert got.keys() == want.keys()
         for key, value in want.items():
             assert torch.isfinite(got[key]).all(), f"{key}: non-finite values with poisoned dead rows"
-            assert torch.equal(got[key].detach(), value.detach()), (
-                f"{key} changed with the dead rows' content: max deviation "
-                f"{float((got[key].detach() - value.detach()).abs().max()):.3g}"
+            deviation = float((got[key].detach() - value.detach()).abs().max()) if value.numel() else 0.0
+            assert deviation <= 4 * noise[key], (
+                f"{key} changed with the dead rows' content: max deviation {deviation:.3g} "
+                f"(the model's own run-to-run noise: {noise[key]:.3g})"
             )
+    return noise
 
 
 def check_call_forms(adapter: Any, model: torch.nn.Module, structure: Any, *, atol: float, rtol: float = 0.0,
@@ -209,7 +231,7 @@ def check_autograd(adapter: Any, model: torch.nn.Module, structure: Any, *, atol
     positions = _get(data, adapter.grad_input).detach().clone().requires_grad_(True)
     _set(data, adapter.grad_input, positions)
     out = adapter.flat(wrapped(data))
-    (grad,) = torch.autograd.grad(out[adapter.energy_key].sum(), positions)
+    (grad,) = torch.autograd.grad(out[adapter.flat_energy_key].sum(), positions)
     n = ref["forces"].shape[0]
     _compare({"forces": -grad[:n]}, {"forces": ref["forces"]}, atol=atol, rtol=rtol, where="autograd forces")
 
@@ -316,4 +338,4 @@ class AdapterTests:
         energy = atoms.get_potential_energy()
         ref = resolved.flat(resolved.reference(model, resolved.input_builder(model)(atoms)))
         torch.testing.assert_close(torch.tensor(energy, dtype=torch.float64),
-                                   ref[resolved.energy_key].detach().double().sum(), atol=max(self.atol, 1e-6), rtol=self.rtol)
+                                   ref[resolved.flat_energy_key].detach().double().sum(), atol=max(self.atol, 1e-6), rtol=self.rtol)

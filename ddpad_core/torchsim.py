@@ -85,7 +85,7 @@ class Model(ModelInterface):
         if isinstance(state, dict):
             state = ts.SimState(**state, masses=torch.ones_like(state["positions"]))
         out = self.evaluate(ts.io.state_to_atoms(state), stress=self._compute_stress, **kwargs)
-        results = {"energy": out[self.evaluate.adapter.energy_key].detach().to(self._dtype)}
+        results = {"energy": out[self.evaluate.adapter.flat_energy_key].detach().to(self._dtype)}
         if self._compute_forces:
             results["forces"] = out["forces"].detach().to(self._dtype)
         if self._compute_stress:

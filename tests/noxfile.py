@@ -13,7 +13,9 @@ import nox
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONSTRAINTS = str(ROOT / "tests" / "constraints.txt")
 
-nox.options.sessions = ["core", "aimnet2", "mace", "uma", "torchsim", "nvalchemi", "lammps"]
+nox.options.sessions = [
+    "core", "aimnet2", "mace", "uma", "torchsim", "nvalchemi", "lammps", "sevennet", "nequip", "allegro", "orb",
+]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -29,6 +31,7 @@ CORE_TESTS = [
     "tests/test_ase.py",
     "tests/test_safety.py",
     "tests/test_plugin_conformance.py",
+    "tests/test_overhead.py",
 ]
 
 
@@ -62,8 +65,12 @@ def aimnet2(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def mace(session: nox.Session) -> None:
-    """The MACE adapter against mace-torch."""
-    _adapter_session(session, "mace", "tests/test_mace.py", "tests/test_registry.py")
+    """The MACE adapter against mace-torch; the README's Python blocks; the CLI
+    with a real model (the toy plugin beside it, as in the core session)."""
+    _install(session, "mace,test")
+    session.install("-c", CONSTRAINTS, "./tests/plugin_pkg")
+    session.run("python", "-m", "pytest", "tests/test_mace.py", "tests/test_registry.py", "tests/test_readme.py", *session.posargs)
+    session.run("python", "-m", "pytest", "tests/test_cli.py", "-k", "elements", *session.posargs)
 
 
 @nox.session(python="3.11")
@@ -116,9 +123,3 @@ def allegro(session: nox.Session) -> None:
 def orb(session: nox.Session) -> None:
     """The Orb adapter against orb-models."""
     _adapter_session(session, "orb", "tests/test_orb.py", "tests/test_registry.py")
-
-
-@nox.session(python="3.11")
-def mattersim(session: nox.Session) -> None:
-    """The MatterSim adapter against mattersim."""
-    _adapter_session(session, "mattersim", "tests/test_mattersim.py", "tests/test_registry.py")

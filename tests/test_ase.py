@@ -50,3 +50,25 @@ def test_optimizer_runs_on_the_padded_model() -> None:
     BFGS(atoms, logfile=None).run(fmax=0.05, steps=100)
     assert atoms.get_potential_energy() < start
     assert np.abs(atoms.get_forces()).max() < 0.05
+
+
+def test_energy_read_through_properties_and_atom_energies_through_atom_energy_key() -> None:
+    """An adapter whose ``properties`` returns flat keys only (its native
+    energy key differs) and which declares per-atom energies: the calculator
+    reads both through the adapter, not through hard-coded keys."""
+    import dataclasses
+
+    toy = ddpad.adapters.get("toy")
+    flat_only = dataclasses.replace(
+        toy, energy_key="total_energy", atom_energy_key="atom_energy",
+        properties=lambda out: {"energy": out["energy"], "forces": out["forces"], "atom_energy": out["atom_energy"]},
+    )
+    model = toy.random_model(None, "cpu")
+    atoms = toy.default_system()
+    atoms.rattle(0.05, seed=2)
+    atoms.calc = Calculator(model, flat_only, compile=False)
+    reference = model(toy.build_input(model, atoms))
+    assert atoms.get_potential_energy() == pytest.approx(float(reference["energy"].detach().sum()), abs=1e-12)
+    energies = atoms.get_potential_energies()
+    np.testing.assert_allclose(energies, reference["atom_energy"].detach().numpy(), rtol=0, atol=1e-12)
+    assert energies.sum() == pytest.approx(atoms.get_potential_energy(), abs=1e-12)

@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import pathlib
+import re
 import subprocess
 import sys
+import warnings
+from collections.abc import Callable
 
 import pytest
 
 pytest.importorskip("ase")
 pytest.importorskip("ddpad_toy_plugin", reason="tests/plugin_pkg not installed (nox session core installs it)")
 
+from ddpad import cli
+
 
 def ddpad(*args: str, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-W", "ignore", "-m", "ddpad", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    """``python -m ddpad ARGS`` as a user runs it (warnings not hidden),
+    with the user cache folder inside ``cwd``."""
+    env = dict(os.environ)
+    env["XDG_CACHE_HOME"] = str((cwd or pathlib.Path.cwd()) / "cache")
+    return subprocess.run([sys.executable, "-m", "ddpad", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=600, check=False)
+
+
+def errors(res: subprocess.CompletedProcess[str]) -> list[str]:
+    """What stderr says, less ddpad's own one-line warnings (the toy plugin
+    declares a name clash with mace on purpose)."""
+    return [line for line in res.stderr.splitlines() if line.strip() and not line.startswith("ddpad: warning:")]
 
 
 def test_list_shows_missing_packages_with_hints() -> None:
@@ -34,10 +52,27 @@ def test_run_writes_caps_trajectory_and_numbers(tmp_path: pathlib.Path) -> None:
                 "--json", "run.json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "RANDOMLY INITIALISED" in res.stdout and "compiled graphs:" in res.stdout
+    # no third-party noise, ASE's fixcm FutureWarning included (the toy plugin's
+    # declared name clash with mace is ddpad's own warning and stays)
+    assert "FutureWarning" not in res.stderr and "UserWarning" not in res.stderr, res.stderr
+    assert "ddpad: warning: plugin adapter 'mace'" in res.stderr and "return adapters" not in res.stderr
     doc = json.loads((tmp_path / "run.json").read_text())
     assert doc["steps"] == 8 and doc["calls"] >= 9 and doc["graphs"] >= 1 and doc["unexplained"] == []
-    caps = json.loads((tmp_path / "ddpad-toy-caps.json").read_text())
+    # the compile is announced before it starts, with the caps, and timed
+    lines = res.stdout.splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith("compiling toy at caps {"))
+    assert lines[i].endswith(" (first call)…")
+    announced = ast.literal_eval(lines[i][len("compiling toy at caps "):-len(" (first call)…")])
+    assert set(announced) == {"atoms", "edges", "systems"} and min(announced.values()) > 0
+    assert lines[i + 1].startswith("first call done in ")
+    # caps go to the user cache folder, never into the working directory unasked
+    assert not list(tmp_path.glob("*caps*.json"))
+    cached = tmp_path / "cache" / "ddpad" / "toy-caps.json"
+    assert f"caps written to {cached} (pass --caps {cached} to start warm)" in res.stdout
+    assert doc["caps_file"] == str(cached)
+    caps = json.loads(cached.read_text())
     assert caps["adapter"] == "toy" and set(caps["caps"]) == {"atoms", "edges", "systems"}
+    (tmp_path / "ddpad-toy-caps.json").write_text(cached.read_text())
     import ase.io
 
     frames = ase.io.read(tmp_path / "md.xyz", index=":")
@@ -47,11 +82,33 @@ def test_run_writes_caps_trajectory_and_numbers(tmp_path: pathlib.Path) -> None:
                   "--json", "warm.json", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert json.loads((tmp_path / "warm.json").read_text())["growths"] == []
+    assert f"caps loaded from ddpad-toy-caps.json: {caps['caps']}" in again.stdout
+
+
+def test_steps_per_second_exclude_the_first_call(capsys: pytest.CaptureFixture[str]) -> None:
+    progress = cli._Progress(4)
+    progress.started -= 100.0  # a 100 s first call (the compile) ...
+    progress.start()  # ... ends: the rate counts from here
+    progress.started -= 2.0  # 4 steps in 2 s
+    progress.step(4)
+    assert "4/4 steps,   2.00 steps/s" in capsys.readouterr().err
 
 
 def test_bench_json_schema_and_plot(tmp_path: pathlib.Path) -> None:
     res = ddpad("bench", "toy", "--steps", "12", "--rate", "0.5", "--backend", "eager", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
+    # a line as each variant starts and one as it ends, with a rough time left
+    out = res.stdout
+    names = ["eager", "compile-static", "compile-dynamic", "compile-default", "ddpad"]
+    starts = re.findall(r"^\[(\d)/5\] (\S+): 12 steps…$", out, re.MULTILINE)
+    ends = re.findall(r"^\[(\d)/5\] (\S+): [\d.]+ s \(compile [\d.]+ s\), \d+ graphs?(; roughly \S+ \w+ left)?$",
+                      out, re.MULTILINE)
+    assert [name for _, name in starts] == [name for _, name, _ in ends] == names
+    assert [bool(left) for _, _, left in ends] == [False, True, True, True, False]
+    tagged = [line for line in out.splitlines() if re.match(r"\[\d/5\] ", line)]
+    assert all(line.endswith("12 steps…") for line in tagged[0::2])  # start, end, start, end ...
+    assert not any(line.endswith("12 steps…") for line in tagged[1::2])
+    assert "ddpad faster by" in out
     doc = json.loads((tmp_path / "ddpad-bench.json").read_text())
     assert (tmp_path / "ddpad-bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the toy package has no padding of its own: no native-padding variant
@@ -63,6 +120,128 @@ def test_bench_json_schema_and_plot(tmp_path: pathlib.Path) -> None:
     assert doc["variants"]["eager"]["graphs"] == 0
     assert doc["variants"]["compile-static"]["recompiles"] > doc["variants"]["ddpad"]["recompiles"]
     assert set(doc["ddpad_speedup"]) == {"eager", "compile-static", "compile-dynamic", "compile-default"}
+
+
+def test_bench_plot_legend_off_the_curves_integer_ticks() -> None:
+    from ddpad._bench import figure
+
+    steps = 7
+    result = {"adapter": "toy", "device": "cpu", "backend": "eager", "variants": {
+        "eager": {"graphs": 0, "cumulative_s": [0.1 * i for i in range(1, steps + 1)]},
+        "ddpad": {"graphs": 1, "cumulative_s": [1.0 + 0.1 * i for i in range(1, steps + 1)]},
+        "compile-static": {"graphs": 8, "cumulative_s": [2.0 * i for i in range(1, steps + 1)]},
+    }}
+    fig = figure(result)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["eager (0 graphs)", "ddpad (1 graph)", "compile-static (8 graphs)"]
+    fig.canvas.draw()
+    legend_box = ax.get_legend().get_window_extent()
+    assert legend_box.x0 >= ax.get_window_extent().x1  # right of the axes: off the curves
+    ticks = [t for t in ax.get_xticks() if 1 <= t <= steps]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+
+
+def test_help_is_plain_and_every_option_says_its_default() -> None:
+    parser = cli.build_parser()
+    top = parser.format_help()
+    assert "``" not in top and "bench" in top and "run" in top and "list" in top
+    subparsers = next(a for a in parser._actions if a.dest == "command").choices
+    for command in ("run", "bench"):
+        for action in subparsers[command]._actions:
+            if action.dest in ("help", "adapter"):
+                continue
+            assert action.help and "default" in action.help, (command, action.option_strings)
+
+
+def test_known_third_party_noise_is_silenced_own_warnings_stay() -> None:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cli._silence_noise()
+        warnings.warn("The TorchScript type system doesn't support instance-level annotations on empty", UserWarning)
+        warnings.warn("Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected, since the", UserWarning)
+        warnings.warn("ddpad: call 3 compiled 1 graph(s) although no cap changed", RuntimeWarning)
+    assert [str(w.message)[:6] for w in seen] == ["ddpad:"]
+
+
+def _write(name: str, text: str | bytes) -> Callable[[pathlib.Path], None]:
+    def make(folder: pathlib.Path) -> None:
+        path = folder / name
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(text)
+    return make
+
+
+def _state_dict(folder: pathlib.Path) -> None:
+    import torch
+
+    model = __import__("ddpad.adapters", fromlist=["get"]).get("toy").random_model(None, "cpu")
+    torch.save(model.state_dict(), folder / "weights.pt")
+
+
+@pytest.mark.parametrize(
+    ("args", "make", "message"),
+    [
+        (["run", "toy", "--device", "cuda"], None, "--device cuda: "),
+        (["run", "toy", "--device", "gpu0"], None, "--device 'gpu0' is not a device torch knows"),
+        (["run", "toy", "--caps", "bad.json"], _write("bad.json", "{not json"), "bad.json"),
+        (["run", "toy", "--caps", "other.json"], _write("other.json", '{"atoms": 64}'), "other.json"),
+        (["run", "toy", "--model", "weights.pt"], _state_dict, "cannot load 'weights.pt' as a toy model"),
+        (["run", "toy", "--model", "notes.txt"], _write("notes.txt", "not a model\n"),
+         "cannot load 'notes.txt' as a toy model (UnpicklingError"),
+        (["run", "toy", "--traj", "nowhere/md.xyz"], None, "--traj 'nowhere/md.xyz': directory"),
+        (["run", "toy", "--json", "nowhere/run.json"], None, "--json 'nowhere/run.json': directory"),
+        (["run", "toy", "--traj-every", "0"], None, "--traj-every must be >= 1"),
+        (["bench", "toy", "--out", "nowhere/b.json"], None, "--out 'nowhere/b.json': directory"),
+        (["bench", "toy", "--repeat", "0"], None, "--repeat must be >= 1"),
+    ],
+)
+def test_ordinary_mistakes_are_one_line(
+    args: list[str], make: Callable[[pathlib.Path], None] | None, message: str, tmp_path: pathlib.Path
+) -> None:
+    if "cuda" in args and __import__("torch").cuda.is_available():
+        pytest.skip("a GPU is visible")
+    if make is not None:
+        make(tmp_path)
+    res = ddpad(*args, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    lines = errors(res)
+    assert len(lines) == 1 and lines[0].startswith("ddpad: error:") and message in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_elements_the_model_does_not_know_are_one_line(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("mace")
+    # `from ddpad import adapters`: `import ddpad.adapters` would shadow the ddpad() helper
+    import ase.io
+    import torch
+    from ase.build import bulk
+    from ddpad import adapters
+
+    mace = adapters.get("mace")
+    torch.save(mace.random_model(torch.float64, "cpu"), tmp_path / "hco.model")  # knows H, C, O
+    ase.io.write(tmp_path / "si.xyz", bulk("Si", cubic=True))
+    res = ddpad("run", "mace", "--model", "hco.model", "--system", "si.xyz", "--no-compile", cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    lines = errors(res)
+    expected = "the system does not fit the model: atomic numbers [14] are not in the model's table [1, 6, 8]"
+    assert lines == [f"ddpad: error: {expected}"], res.stderr
+
+
+def test_random_model_is_built_for_the_systems_elements(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("mace")
+    import ase.io
+    from ase.build import bulk
+
+    ase.io.write(tmp_path / "si.xyz", bulk("Si", cubic=True))
+    res = ddpad("run", "mace", "--system", "si.xyz", "--steps", "2", "--no-compile", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "RANDOMLY INITIALISED model for H, C, O, Si" in res.stdout
+    # third-party noise (TorchScript, torch.load, cuequivariance notice) hidden by default
+    assert "FutureWarning" not in res.stderr and "UserWarning" not in res.stderr, res.stderr
+    assert "cuequivariance" not in res.stdout
 
 
 @pytest.mark.parametrize(
@@ -81,5 +260,5 @@ def test_bench_json_schema_and_plot(tmp_path: pathlib.Path) -> None:
 def test_bad_input_is_one_clear_line(args: list[str], message: str, tmp_path: pathlib.Path) -> None:
     res = ddpad(*args, cwd=tmp_path)
     assert res.returncode == 2
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    lines = errors(res)
     assert len(lines) == 1 and lines[0].startswith("ddpad: error:") and message in lines[0], res.stderr

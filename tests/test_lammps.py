@@ -17,16 +17,21 @@ EXAMPLE = ROOT / "examples" / "lammps_mace.py"
 STEPS = 60
 
 
-def _mpirun(tmp_path: pathlib.Path, ranks: int, *args: str, timeout: float = 420) -> dict:
-    """Run the example on ``ranks`` MPI ranks; return its JSON report."""
+def _launch(out: pathlib.Path, ranks: int, *args: str, timeout: float = 420) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+    """Run the example on ``ranks`` MPI ranks, its JSON report to ``out``."""
     env_bin = pathlib.Path(sys.executable).parent
-    out = tmp_path / f"np{ranks}{'-'.join(args)}.json"
     env = dict(os.environ)
     # the wheel's MPICH lives in the environment's lib/
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(env_bin.parent / "lib"), env.get("LD_LIBRARY_PATH")]))
     cmd = [str(env_bin / "mpirun"), "-np", str(ranks), sys.executable, str(EXAMPLE),
            "--device", "cpu", "--backend", "aot_eager", "--r-max", "2.6", "--json", str(out), *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return cmd, subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _mpirun(tmp_path: pathlib.Path, ranks: int, *args: str, timeout: float = 420) -> dict:
+    """Run the example on ``ranks`` MPI ranks; return its JSON report."""
+    out = tmp_path / f"np{ranks}{'-'.join(args)}.json"
+    cmd, proc = _launch(out, ranks, *args, timeout=timeout)
     if proc.returncode != 0:
         errors = "\n".join(line for line in proc.stderr.splitlines() if "Warning" not in line and "return visitor" not in line)
         pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{errors[-4000:]}")
@@ -69,3 +74,70 @@ def test_without_padding_ranks_recompile(tmp_path: pathlib.Path) -> None:
     assert [r["graphs"] for r in padded["ranks"]] == [1, 1]
     for a, b in zip(unpadded["thermo"], padded["thermo"]):
         assert b["etotal"] == pytest.approx(a["etotal"], rel=1e-8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("system", ["slab", "cluster"])
+def test_vacuum_passes_the_ghost_check(tmp_path: pathlib.Path, system: str) -> None:
+    # vacuum along x (slab) or everywhere (cluster): the ghost atoms that exist
+    # reach little beyond a subdomain, yet the ghost cutoff (comm_modify) is
+    # right; the default check_ghosts=True must let it run, and it is exact
+    # the cluster (2x2x2 cells in a 6x6x6 box) sits in one half of the box
+    args = ("--system", system, "--steps", "3", *(("--cells", "2", "2", "2") if system == "cluster" else ()))
+    one = _mpirun(tmp_path, 1, *args)
+    two = _mpirun(tmp_path, 2, *args)
+    for a, b in zip(one["thermo"], two["thermo"]):
+        for key in ("pe", "etotal", "press"):
+            assert b[key] == pytest.approx(a[key], rel=1e-8, abs=1e-10), (a["step"], key)
+    for run in (one, two):
+        assert run["check"]["energy"] < 1e-12 and run["check"]["forces"] < 1e-10
+    assert [r["graphs"] for r in two["ranks"]] == [1, 1] and two["ranks"][0]["caps"] == two["ranks"][1]["caps"]
+    owned = [min(r["local"]) for r in two["ranks"]]
+    if system == "cluster":  # the rank of the empty half owns no atom, and runs
+        assert min(owned) == 0
+    assert sum(r["local"][0] for r in two["ranks"]) == sum(r["local"][0] for r in one["ranks"])
+
+
+@pytest.mark.slow
+def test_short_ghost_cutoff_is_refused(tmp_path: pathlib.Path) -> None:
+    # 2 layers x r_max 2.6 = 5.2 A of messages; a 3 A ghost cutoff is too short
+    _, proc = _launch(tmp_path / "short.json", 2, "--steps", "1", "--comm-cutoff", "3")
+    assert proc.returncode != 0
+    assert "LAMMPS's ghost-atom cutoff is 3 A, less than 2 layers x cutoff 2.6 = 5.2 A" in proc.stderr
+    assert "comm_modify cutoff 6.2" in proc.stderr
+
+
+EXCHANGE = '''
+import sys, time
+from mpi4py import MPI
+from ddpad import AgreementError
+from ddpad.engines.lammps import Potential
+comm = MPI.COMM_WORLD
+engine = Potential.__new__(Potential)  # the exchange alone: no LAMMPS instance needed
+engine.comm, engine._mpi, engine.exchange_timeout, engine._lammps_step = comm, MPI, 2.0, 7
+print("agreed", engine._reduce_max([comm.Get_rank(), -comm.Get_rank()]), flush=True)
+if comm.Get_rank() == 0:
+    t0 = time.monotonic()
+    try:
+        engine._reduce_max([1, 2])
+    except AgreementError as exc:
+        print(f"raised after {time.monotonic() - t0:.1f} s: {exc}", flush=True)
+    comm.Abort(0)
+time.sleep(60)  # rank 1 never joins the second exchange
+'''
+
+
+def test_mpi_exchange_wait_is_bounded(tmp_path: pathlib.Path) -> None:
+    """A peer that never arrives: the exchange raises a ddpad error naming the
+    LAMMPS step after the timeout instead of blocking in MPI forever."""
+    script = tmp_path / "exchange.py"
+    script.write_text(EXCHANGE)
+    env_bin = pathlib.Path(sys.executable).parent
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(env_bin.parent / "lib"), env.get("LD_LIBRARY_PATH")]))
+    proc = subprocess.run([str(env_bin / "mpirun"), "-np", "2", sys.executable, str(script)],
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.stdout.count("agreed [1, 0]") == 2, proc.stdout + proc.stderr[-2000:]
+    raised = [line for line in proc.stdout.splitlines() if line.startswith("raised after")]
+    assert raised and "the MPI cap exchange at LAMMPS step 7 timed out after 2 s" in raised[0], proc.stdout
+    assert 1.5 < float(raised[0].split()[2]) < 10

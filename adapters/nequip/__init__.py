@@ -1,0 +1,460 @@
+"""NequIP (``nequip``): COO edge-list padding of nequip's ``AtomicDataDict``.
+
+The native input is what nequip's ASE calculator builds (``from_ase`` ->
+``ChemicalSpeciesToAtomTypeMapper`` -> ``NeighborListTransform``, batched
+with ``AtomicDataDict.batched_from_list``): ``pos``, ``atom_types``,
+``atomic_numbers``, ``edge_index [2, E]``, ``edge_cell_shift [E, 3]``
+(lattice shifts), ``cell [S, 3, 3]``, ``pbc [S, 3]``, ``batch`` and
+``num_atoms [S]``, all float fields in float64 (nequip's data dtype).
+
+- Dead atoms form their own dead system (type 0, far away) with its own
+  cubic cell of edge ``2 r_max + 1``; ``num_atoms`` of the dead system
+  counts them. Joined to a real system, nequip's ``PerTypeScaleShift``
+  would add their per-type shift to its energy.
+- Dead edges are self-loops on the last dead atom with lattice shift
+  ``(1, 0, 0)``: nequip computes edge vectors as ``pos[j] - pos[i] +
+  edge_cell_shift @ cell[batch[i]]``, so each dead edge is ``(2 r_max + 1,
+  0, 0)`` whatever the dead atoms' positions: never zero, beyond the
+  cutoff, so the polynomial envelope is exactly zero.
+- One graph: nequip's ``ForceStressOutput`` calls ``pos.requires_grad_`` and
+  ``torch.autograd.grad`` inside ``forward``. Positions are made to require
+  grad before the compiled call, ``trace_autograd_ops`` is switched on
+  around it only, and the compiled module returns its outputs detached
+  (the native model's are not differentiable again either: its inner
+  ``autograd.grad`` frees the graph), so energy, forces, stress and virial
+  are one Dynamo graph.
+
+Shared with the Allegro adapter (``ddpad.adapters.allegro``): both models
+are nequip ``GraphModel`` objects built from the same data pipeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from ddpad import CapPolicy, COOPadder, Fill
+from ddpad.adapters import Adapter
+from torch import Tensor
+
+__all__ = [
+    "ADAPTER",
+    "NequIPForward",
+    "NequIPPadder",
+    "build_input",
+    "build_model",
+    "default_system",
+    "evaluate",
+    "global_state",
+    "load_model",
+    "make_padder",
+    "prepare_model",
+    "properties",
+    "random_model",
+    "random_model_config",
+]
+
+ATOM_FIELDS: dict[str, Any] = {"atom_types": 0, "atomic_numbers": 0}
+EDGE_FIELDS: dict[str, Any] = {"edge_cell_shift": Fill.DEAD_UNIT_SHIFT}
+SYSTEM_FIELDS: dict[str, Any] = {"cell": Fill.DEAD_CELL, "pbc": True}
+# every per-atom / per-edge / per-system key nequip models return (inputs
+# echoed, intermediates and outputs), so unpad strips dead rows from all of them
+ATOM_OUTPUTS = (
+    "pos", "atom_types", "atomic_numbers", "batch", "node_attrs", "node_features",
+    "feature_norm_factor", "atomic_energy", "forces", "charges", "stresses", "magmoms",
+    "born_effective_charges",
+)
+SYSTEM_OUTPUTS = (
+    "total_energy", "stress", "virial", "cell", "pbc", "num_atoms", "free_energy", "dipole",
+    "polarization", "magmom", "charge", "spin", "dielectric_tensor",
+)
+EDGE_OUTPUTS = (
+    "edge_cell_shift", "edge_vectors", "edge_lengths", "normed_edge_lengths", "edge_cutoff",
+    "edge_attrs", "edge_embedding", "edge_features", "edge_energy", "edge_forces",
+)
+# per-edge outputs laid out [2, E] like the edge index
+EDGE_PAIR_OUTPUTS = ("edge_index", "edge_type_flat")
+# COOPadder's self-loop atoms policy: one dead row (SPEC section 6 numbers)
+_ATOMS = CapPolicy(initial_factor=1.15, grow_factor=1.30, stride=16, strict_gt=False)
+
+
+def _graph_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The nequip ``GraphModel`` inside ``model`` (itself, or the one
+    :class:`NequIPForward` wraps)."""
+    return model.graph_model if isinstance(model, NequIPForward) else model
+
+
+def _cutoff(model: torch.nn.Module) -> float:
+    return float(_graph_model(model).metadata["r_max"])
+
+
+def _type_names(model: torch.nn.Module) -> list[str]:
+    return list(_graph_model(model).metadata["type_names"].split(" "))
+
+
+class NequIPPadder(COOPadder):
+    """:class:`ddpad.COOPadder` for nequip's field names, with dead self-loops.
+
+    nequip has no cartesian shift field: its edge vectors come from the
+    lattice shift (``edge_cell_shift``) and the per-system ``cell``, so a
+    self-loop through the dead system's cell (:attr:`Fill.DEAD_UNIT_SHIFT` with
+    :attr:`Fill.DEAD_CELL`) is already longer than the cutoff. ``unpad`` also
+    strips dead edges from the ``[2, E]`` outputs (``edge_index``,
+    ``edge_type_flat``: sliced on their last axis).
+    """
+
+    def __init__(self, cutoff: float, **config: Any) -> None:
+        # self-loops need the dead system's own cell; joined to a real system
+        # (placement="join") the anchor pair with zero shifts is used
+        self_loop = config.get("placement", "own") == "own" and Fill.DEAD_UNIT_SHIFT in dict(
+            config.get("edge_fields") or {}).values()
+        if self_loop and config.get("atoms_policy") is None:  # one dead row: the self-loop atom
+            config["atoms_policy"] = _ATOMS
+        super().__init__(cutoff, **config)
+        self.self_loop = self_loop
+
+    def _unpad_mapping(self, output: Mapping[str, Any], n_atoms: int) -> dict[str, Any]:
+        out = super()._unpad_mapping(output, n_atoms)
+        if self.n_edges is not None:
+            for key in EDGE_PAIR_OUTPUTS:
+                value = out.get(key)
+                if isinstance(value, Tensor) and value.dim() == 2 and value.shape[0] == 2:
+                    out[key] = value[:, : self.n_edges]
+        return out
+
+
+def make_padder(model: torch.nn.Module, **overrides: Any) -> NequIPPadder:
+    """The nequip padder for ``model`` (cutoff: its ``r_max`` metadata);
+    keyword arguments override :class:`ddpad.COOPadder`'s."""
+    config: dict[str, Any] = {
+        "positions": "pos", "edge_index": "edge_index", "system_index": "batch", "ptr": None,
+        "system_count": "num_atoms", "atom_counts": "num_atoms",
+        "atom_fields": ATOM_FIELDS, "edge_fields": EDGE_FIELDS, "system_fields": SYSTEM_FIELDS,
+        "atom_outputs": ATOM_OUTPUTS, "system_outputs": SYSTEM_OUTPUTS, "edge_outputs": EDGE_OUTPUTS,
+    }
+    config.update(overrides)
+    return NequIPPadder(_cutoff(model), **config)
+
+
+class NequIPForward(torch.nn.Module):
+    """A nequip ``GraphModel`` arranged for one Dynamo graph.
+
+    ``forward(data)`` is the model's forward with every output detached: the
+    model's own ``autograd.grad`` (forces, virial) then traces into the same
+    graph (with ``trace_autograd_ops``), since nothing returned still needs
+    the autograd graph it consumes. ``forward(data, do_derivatives=False)``
+    runs only the energy model inside ``ForceStressOutput`` and returns its
+    outputs attached, for callers that differentiate energies themselves
+    (e.g. the LAMMPS engine summing a domain's owned atomic energies).
+    """
+
+    def __init__(self, graph_model: torch.nn.Module) -> None:
+        super().__init__()
+        self.graph_model = graph_model
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The wrapped model's metadata (``r_max``, ``type_names`` ...)."""
+        return self.graph_model.metadata
+
+    def forward(self, data: dict[str, Tensor], do_derivatives: bool = True) -> dict[str, Tensor]:
+        if do_derivatives:
+            out = self.graph_model(data)
+            return {k: v.detach() for k, v in out.items()}
+        inner = self.graph_model.model
+        if not hasattr(inner, "func"):
+            raise ValueError(
+                f"do_derivatives=False needs nequip's ForceStressOutput around the energy model, "
+                f"found {type(inner).__name__}"
+            )
+        fields = {k: data[k] for k in self.graph_model.model_input_fields if k in data}
+        return inner.func(fields)
+
+
+def prepare_model(model: torch.nn.Module) -> NequIPForward:
+    """The compile-ready form of ``model``: :class:`NequIPForward` around it
+    (sharing its parameters; nothing global is changed)."""
+    return model if isinstance(model, NequIPForward) else NequIPForward(model)
+
+
+class _CompiledForward(torch.nn.Module):
+    """``model`` called through a compiled function (see :func:`compile_region`)."""
+
+    def __init__(self, model: NequIPForward, compiled: Any) -> None:
+        super().__init__()
+        self.model = model
+        self._compiled = compiled
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        return self.model.metadata
+
+    def forward(self, data: dict[str, Tensor], *args: Any, **kwargs: Any) -> dict[str, Tensor]:
+        return self._compiled(data, *args, **kwargs)
+
+
+def compile_region(model: torch.nn.Module, compile_fn: Any) -> torch.nn.Module:
+    """Compile ``model`` (the :class:`NequIPForward`) through a plain function.
+
+    Why: importing nequip imports lightning, which replaces ``torch.compile``
+    process-wide with a wrapper that deep-copies the compile keyword
+    arguments whenever it compiles an ``nn.Module``. A function is compiled
+    without that copy (nothing of the caller's arguments is duplicated), and
+    Dynamo traces the module call inside it the same way.
+    """
+
+    def forward(data: dict[str, Tensor], *args: Any, **kwargs: Any) -> dict[str, Tensor]:
+        return model(data, *args, **kwargs)
+
+    return _CompiledForward(model, compile_fn(forward))
+
+
+def _step(model: Any, data: dict[str, Tensor], *, do_derivatives: bool = True) -> dict[str, Tensor]:
+    """One call: positions require grad before the (compiled) call, as
+    ``ForceStressOutput`` would make them inside it (``requires_grad_`` on an
+    input is a graph break)."""
+    if do_derivatives:
+        data["pos"].requires_grad_(True)
+        return model(data)
+    return model(data, do_derivatives=False)
+
+
+def evaluate(model: torch.nn.Module, data: dict[str, Tensor], *, do_derivatives: bool = True) -> dict[str, Tensor]:
+    """The unpadded eager reference: the native model on a copy of ``data``,
+    outputs detached as the wrapped model returns them."""
+    inp = {k: (v.detach().clone() if isinstance(v, Tensor) else v) for k, v in data.items()}
+    return _step(prepare_model(model), inp, do_derivatives=do_derivatives)
+
+
+def properties(output: Mapping[str, Any]) -> dict[str, Tensor]:
+    """Flat properties of a nequip output: ``energy [S]`` (nequip's
+    ``total_energy [S, 1]``), ``energies [N]`` (``atomic_energy [N, 1]``),
+    ``forces [N, 3]``, ``stress [S, 3, 3]`` in ASE's sign (nequip's stress is
+    ``+1/V dE/de``; its ASE calculator passes it on as is) and ``virial``."""
+    flat: dict[str, Tensor] = {}
+    if isinstance(output.get("total_energy"), Tensor):
+        flat["energy"] = output["total_energy"].reshape(-1)
+    if isinstance(output.get("atomic_energy"), Tensor):
+        flat["energies"] = output["atomic_energy"].reshape(-1)
+    for key in ("forces", "stress", "virial"):
+        if isinstance(output.get(key), Tensor):
+            flat[key] = output[key]
+    return flat
+
+
+def build_input(
+    model: torch.nn.Module,
+    atoms: Any,
+    *,
+    chemical_species_to_atom_type_map: Mapping[str, str] | None = None,
+    device: str | torch.device | None = None,
+) -> dict[str, Tensor]:
+    """nequip's own input dict for one ``ase.Atoms`` or a list of them.
+
+    Built as ``NequIPCalculator`` builds it: ``from_ase`` (float64, nequip's
+    data dtype), then nequip's ``basic_transforms`` for the model's metadata
+    (type mapping, neighbour list at ``r_max``, per-edge-type cutoffs), then
+    batched with ``AtomicDataDict.batched_from_list``, moved to ``device``
+    (default: the model's). Only the fields the model reads, plus ``pbc`` and
+    ``atomic_numbers``, are kept (labels on the atoms are dropped).
+
+    Raises
+    ------
+    ValueError
+        For no structures, a structure without atoms, or chemical species the
+        model's type map does not know.
+    """
+    from nequip.data import AtomicDataDict, from_ase
+    from nequip.integrations.utils import basic_transforms
+    from nequip.utils import torch_default_dtype
+
+    structures = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
+    if not structures:
+        raise ValueError("build_input needs at least one structure")
+    if any(len(a) == 0 for a in structures):
+        raise ValueError("build_input got a structure without atoms")
+    graph_model = _graph_model(model)
+    type_names = _type_names(model)
+    species_map = dict(chemical_species_to_atom_type_map or {t: t for t in type_names})
+    unknown = sorted({s for a in structures for s in a.get_chemical_symbols()} - set(species_map))
+    if unknown:
+        raise ValueError(f"chemical species {unknown} are not known to the model (types {type_names})")
+    metadata = graph_model.metadata
+    transforms = basic_transforms(metadata, float(metadata["r_max"]), type_names, species_map)
+    keep = set(graph_model.model_input_fields) | {"pbc", "atomic_numbers"}
+    frames = []
+    with torch_default_dtype(torch.float64):  # nequip's data are always float64
+        for a in structures:
+            data = from_ase(a)
+            for transform in transforms:
+                data = transform(data)
+            frames.append(AtomicDataDict.with_batch_({k: v for k, v in data.items() if k in keep}))
+    batch = frames[0] if len(frames) == 1 else AtomicDataDict.batched_from_list(frames)
+    target = device if device is not None else next(graph_model.parameters()).device
+    return {k: v.to(target) for k, v in batch.items()}
+
+
+@contextlib.contextmanager
+def global_state() -> Iterator[None]:
+    """nequip's global state (which its model builders and loaders require),
+    scoped: everything ``set_global_state`` changes process-wide the first
+    time (default dtype, RNG seeds, Dynamo flags, e3nn code-generation flags,
+    JIT fusion strategy, environment variables, sharing strategy) is restored
+    on exit. Models built inside keep what they were built with."""
+    import e3nn
+    from nequip.utils.global_state import set_global_state
+
+    dtype = torch.get_default_dtype()
+    rng = (torch.random.get_rng_state(), np.random.get_state(), random.getstate())
+    dynamo = {k: getattr(torch._dynamo.config, k) for k in ("capture_dynamic_output_shape_ops", "capture_scalar_outputs")}
+    e3nn_defaults = e3nn.get_optimization_defaults()
+    env = {k: os.environ.get(k) for k in ("PYTORCH_JIT_USE_NNC_NOT_NVFUSER", "PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
+    sharing = torch.multiprocessing.get_sharing_strategy()
+    fusion = _fusion_strategy([("STATIC", 2), ("DYNAMIC", 10)])  # read it ...
+    _fusion_strategy(fusion)  # ... and put it back
+    try:
+        with warnings.catch_warnings():  # it sets the (deprecated) JIT fusion strategy
+            warnings.simplefilter("ignore", DeprecationWarning)
+            set_global_state()
+        yield
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.random.set_rng_state(rng[0])
+        np.random.set_state(rng[1])
+        random.setstate(rng[2])
+        for key, value in dynamo.items():
+            setattr(torch._dynamo.config, key, value)
+        e3nn.set_optimization_defaults(**e3nn_defaults)
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        torch.multiprocessing.set_sharing_strategy(sharing)
+        _fusion_strategy(fusion)
+
+
+def _fusion_strategy(strategy: Any) -> Any:
+    """``torch.jit.set_fusion_strategy`` without its deprecation warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.set_fusion_strategy(strategy)
+
+
+def build_model(config: Mapping[str, Any], device: str = "cpu") -> torch.nn.Module:
+    """A model from a nequip model config (``{"_target_": builder, **kwargs}``,
+    the ``model:`` section of a nequip training config), built as nequip's
+    training module builds it, in eval mode, on ``device``."""
+    from hydra.utils import get_method
+
+    config = dict(config)
+    builder = get_method(config.pop("_target_"))
+    with global_state():
+        model = builder(**config)
+    return model.to(device).eval()
+
+
+def random_model_config(
+    dtype: torch.dtype = torch.float64,
+    *,
+    r_max: float = 4.0,
+    atomic_numbers: Sequence[int] = (1, 6, 8),
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The config of a small NequIP GNN (2 layers, ``l_max = 1``, 8 features)
+    with non-zero per-type energy shifts and scales (so a dead atom joined to
+    a real system would leak)."""
+    from ase.data import chemical_symbols
+
+    names = [chemical_symbols[int(z)] for z in atomic_numbers]  # type names = element symbols
+    return {
+        "_target_": "nequip.model.NequIPGNNModel",
+        "seed": seed, "model_dtype": _dtype_name(dtype), "type_names": names, "r_max": r_max,
+        "num_layers": 2, "l_max": 1, "num_features": 8, "radial_mlp_depth": 1, "radial_mlp_width": 16,
+        "num_bessels": 8, "avg_num_neighbors": 10.0,
+        "per_type_energy_shifts": {t: -1.0 - 0.8 * i for i, t in enumerate(names)},
+        "per_type_energy_scales": {t: 1.5 + 0.25 * i for i, t in enumerate(names)},
+    }
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"nequip models are float32 or float64, got {dtype}")
+    return "float64" if dtype == torch.float64 else "float32"
+
+
+def random_model(dtype: torch.dtype = torch.float64, device: str = "cpu", **config: Any) -> torch.nn.Module:
+    """A small randomly initialised NequIP model from nequip's own builder
+    (:func:`random_model_config`; keyword arguments override it)."""
+    return build_model(random_model_config(dtype, **config), device)
+
+
+def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
+    """A local nequip checkpoint (``.ckpt``) or package (``.nequip.zip``),
+    loaded with nequip's ``load_saved_model`` (eager), in eval mode. Model
+    IDs from nequip.net are refused: nothing is downloaded."""
+    from nequip.model.saved_models.load_utils import load_saved_model
+
+    if str(path).startswith("nequip.net:"):
+        raise ValueError(f"{path!r} is a nequip.net model ID; ddpad loads local files only (download it first)")
+    if not os.path.exists(path):
+        raise FileNotFoundError(path)
+    with global_state():
+        model = load_saved_model(str(path), compile_mode="eager")
+    return model.to(device).eval()
+
+
+def default_system() -> Any:
+    """Periodic bulk: a rattled 2x2x2 diamond supercell (64 atoms) of C with
+    some H and O."""
+    from ase.build import bulk
+
+    atoms = bulk("C", "diamond", a=3.57, cubic=True) * (2, 2, 2)
+    atoms.numbers[::8] = 1
+    atoms.numbers[3::8] = 8
+    atoms.rattle(0.05, seed=0)
+    return atoms
+
+
+def make_adapter(name: str, **fields: Any) -> Adapter:
+    """An adapter for a nequip-framework model family (nequip, allegro):
+    everything shared, ``fields`` override (name, random_model, requires ...)."""
+    base: dict[str, Any] = {
+        "name": name,
+        "make_padder": make_padder,
+        "energy_key": "energy",  # of the flat properties (nequip's own: total_energy)
+        "atom_outputs": ATOM_OUTPUTS,
+        "system_outputs": SYSTEM_OUTPUTS,
+        "cutoff": _cutoff,
+        "build_input": build_input,
+        "install_hint": f"pip install 'ddpad[{name}]'",
+        "prepare_model": prepare_model,
+        "call": _step,
+        "evaluate": evaluate,
+        "dynamo_config": {"trace_autograd_ops": True},
+        "compile_region": compile_region,
+        "stress_option": None,  # nequip computes stress whenever the input has a cell
+        "default_system": default_system,
+        "properties": properties,
+        "atom_energy_key": "atomic_energy",
+        "energy_only_options": {"do_derivatives": False},
+        "call_forms": ({},),  # NequIPCalculator and the torch-sim integration call model(data)
+        "grad_input": None,  # the native energy's graph is consumed by its own autograd.grad
+        "positions_key": "pos",
+    }
+    base.update(fields)
+    return Adapter(**base)
+
+
+ADAPTER = make_adapter(
+    "nequip",
+    requires=("nequip",),
+    random_model=random_model,
+    load_model=load_model,
+)

@@ -1,0 +1,360 @@
+"""SevenNet (``sevenn``): COO edge-list padding of sevenn's own batch dict.
+
+The native input is what sevenn's pipeline produces: each structure through
+``unlabeled_atoms_to_graph`` -> ``AtomGraphData`` (as ``SevenNetCalculator``
+builds it), collated into one batch (as sevenn's torch-sim model and
+inference script batch graphs), as a dict: ``x``, ``node_attr`` and
+``atomic_numbers`` (atomic numbers, ``[N]``), ``pos``, ``edge_index [2, E]``,
+``edge_vec [E, 3]`` (computed on the CPU with the lattice shifts applied),
+``cell_volume [S]``, ``num_atoms [S]``, ``batch``, ``ptr``. The model runs in
+batch mode; its output is that dict with ``inferred_total_energy [S]``,
+``inferred_force``, ``inferred_stress [S, 6]`` (sevenn's order and sign) and
+``atomic_energy [N, 1]`` added.
+
+- **float32 only**: sevenn's one-hot embedding casts to ``float32``
+  (``OnehotEmbedding``), so a float64 model fails inside sevenn ("both inputs
+  should have same dtype"); :func:`random_model` refuses other dtypes.
+- Dead atoms form their own dead system and carry a real element (the
+  smallest atomic number the model knows): atomic number 0 maps to the
+  one-hot index -1, which ``one_hot`` rejects. Joined to a real system they
+  would add the species-wise energy shift to its energy.
+- Dead edges are self-loops on the last dead atom whose ``edge_vec`` is
+  ``(2 cutoff + 1, 0, 0)``. sevenn's envelopes (``poly_cut``, ``XPLOR``) are
+  not zero beyond the cutoff, so dead edges do carry messages, but only
+  between dead atoms: real atoms stay exact because no real edge touches a
+  dead atom and the dead atoms are a system of their own. The length keeps
+  the Bessel basis away from ``r = 0``. The dead system counts the dead
+  atoms in ``num_atoms`` (sevenn sizes its force buffer with their sum) and
+  has ``cell_volume`` 1.
+- Forces and stress come from ``autograd.grad`` of the energy with respect
+  to ``edge_vec`` inside ``forward`` (``ForceStressOutputFromEdge``). For
+  one compiled graph the compile copy of the model (:func:`prepare_model`)
+  keeps that module in training mode (a retained autograd graph that the
+  traced ``autograd.grad`` needs), and ``trace_autograd_ops`` and
+  ``capture_scalar_outputs`` (sevenn sizes buffers from ``batch.max()`` and
+  ``num_atoms.sum()``) are set around each compiled call only.
+- The energy is not connected to ``pos`` (sevenn differentiates the edge
+  vectors it is given), so there is no position gradient to take: forces
+  come from the model's own ``inferred_force``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from ddpad import COOPadder, Fill
+from ddpad.adapters import Adapter
+from torch import Tensor
+
+__all__ = [
+    "ADAPTER", "build_input", "default_system", "evaluate", "load_model", "make_padder",
+    "prepare_model", "properties", "random_config", "random_model", "save_checkpoint",
+]
+
+ENERGY = "inferred_total_energy"
+FORCE = "inferred_force"
+STRESS = "inferred_stress"
+ATOMIC_ENERGY = "atomic_energy"
+EDGE_VEC = "edge_vec"
+
+ATOM_OUTPUTS = (
+    "x", "node_attr", "atomic_numbers", "pos", "batch", "atom_type", "scaled_atomic_energy",
+    ATOMIC_ENERGY, FORCE, "inferred_atomic_virial",
+)
+SYSTEM_OUTPUTS = (ENERGY, STRESS, "cell_volume", "num_atoms")
+EDGE_OUTPUTS = (EDGE_VEC, "edge_length", "edge_embedding", "edge_attr")
+
+
+def _cutoff(model: torch.nn.Module) -> float:
+    return float(model.cutoff)
+
+
+def _type_map(model: torch.nn.Module) -> dict[int, int]:
+    type_map = getattr(model, "type_map", None)
+    if not type_map:
+        raise ValueError("the sevenn model has no type_map (atomic number -> species index)")
+    return {int(z): int(i) for z, i in type_map.items()}
+
+
+class SevenNetPadder(COOPadder):
+    """:class:`ddpad.COOPadder` whose ``unpad`` also restores the two fields
+    sevenn passes through from its input that are not sliced by rows:
+    ``edge_index [2, E]`` (sliced along edges) and ``ptr [S + 1]``."""
+
+    def unpad(self, output: Any, n_real: int | None = None) -> Any:
+        out = super().unpad(output, n_real)
+        if isinstance(out, dict):
+            index = out.get(self.edge_index)
+            if isinstance(index, Tensor) and self.n_edges is not None and index.dim() == 2:
+                out[self.edge_index] = index[:, : self.n_edges]
+            ptr = out.get(self.ptr) if self.ptr is not None else None
+            if isinstance(ptr, Tensor) and self.n_systems is not None:
+                out[self.ptr] = ptr[: self.n_systems + 1]
+        return out
+
+
+def make_padder(model: torch.nn.Module, **overrides: Any) -> SevenNetPadder:
+    """The SevenNet padder for ``model`` (cutoff ``model.cutoff``); keyword
+    arguments override :class:`ddpad.COOPadder`'s.
+
+    Dead atoms get the smallest atomic number in the model's ``type_map`` (a
+    valid species: 0 breaks sevenn's one-hot); dead edges are self-loops whose
+    ``edge_vec`` is longer than the cutoff.
+    """
+    dead_z = min(_type_map(model))
+    config: dict[str, Any] = {
+        "positions": "pos",
+        "atom_fields": {"x": dead_z, "node_attr": dead_z, "atomic_numbers": dead_z},
+        "edge_fields": {EDGE_VEC: Fill.DEAD_SHIFT},
+        "system_fields": {"cell_volume": 1.0},
+        "atom_counts": "num_atoms",
+        "atom_outputs": ATOM_OUTPUTS, "system_outputs": SYSTEM_OUTPUTS, "edge_outputs": EDGE_OUTPUTS,
+    }
+    config.update(overrides)
+    return SevenNetPadder(_cutoff(model), **config)
+
+
+def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A compile-ready copy of ``model``: batch mode, evaluation mode except
+    the force module, which stays in training mode (``create_graph=True``:
+    the traced ``autograd.grad`` needs the retained graph; in evaluation
+    mode Dynamo broke the model into 22 graphs in 12 frames), and no
+    parameter gradients."""
+    prepared = copy.deepcopy(model)
+    prepared.set_is_batch_data(True)
+    prepared.eval()
+    force = prepared._modules.get("force_output")
+    if force is not None:
+        force.train(True)
+    for p in prepared.parameters():  # inference: no parameter gradients
+        p.requires_grad_(False)
+    return prepared
+
+
+# outputs of the force module that an evaluation-mode sevenn returns without
+# an autograd graph (``create_graph=False``)
+DERIVATIVES = (FORCE, "inferred_atomic_virial")
+
+
+def _step(model: Any, data: dict[str, Tensor], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """One call: ``edge_vec`` (what forces and stress differentiate) requires
+    grad before the compiled call, as the eager model sets it itself. The
+    compile copy keeps its force module in training mode; forces are
+    detached after, as sevenn's evaluation mode returns them."""
+    data[EDGE_VEC].requires_grad_(True)
+    out = model(data, *args, **kwargs)
+    for key in DERIVATIVES:
+        if isinstance(out.get(key), Tensor):
+            out[key] = out[key].detach()
+    return out
+
+
+def evaluate(model: torch.nn.Module, data: dict[str, Tensor], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """The unpadded eager model on ``data`` in batch mode (switched on for this
+    call only: a model prepared for ``SevenNetCalculator`` runs unbatched)."""
+    batched = bool(getattr(model, "is_batch_data", True))
+    model.set_is_batch_data(True)
+    try:
+        return model(data, *args, **kwargs)
+    finally:
+        model.set_is_batch_data(batched)
+
+
+def build_input(
+    model: torch.nn.Module,
+    atoms: Any,
+    *,
+    device: str | torch.device | None = None,
+) -> dict[str, Tensor]:
+    """sevenn's own batch dict for one ``ase.Atoms`` or a list of them.
+
+    Each structure goes through ``unlabeled_atoms_to_graph`` (sevenn's
+    neighbour list, matscipy or ase, on the CPU, with the model's cutoff) and
+    ``AtomGraphData.from_numpy_dict`` exactly as ``SevenNetCalculator`` does;
+    the graphs are collated into one batch as sevenn's torch-sim model does.
+    The tensors are moved to ``device`` (default: the model's); the
+    per-structure ``data_info`` (a list of dicts) is dropped.
+
+    Raises
+    ------
+    ValueError
+        No structure, a structure without atoms, or an atomic number the
+        model's ``type_map`` does not know.
+    """
+    from sevenn.atom_graph_data import AtomGraphData
+    from sevenn.train.dataload import unlabeled_atoms_to_graph
+    from torch_geometric.loader.dataloader import Collater
+
+    structures = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
+    if not structures:
+        raise ValueError("build_input needs at least one structure")
+    empty = [i for i, a in enumerate(structures) if len(a) == 0]
+    if empty:
+        raise ValueError(f"structure(s) {empty} have no atoms; sevenn needs at least one atom per structure")
+    known = _type_map(model)
+    unknown = sorted({int(z) for a in structures for z in a.numbers} - set(known))
+    if unknown:
+        raise ValueError(f"atomic numbers {unknown} are not in the model's type_map {sorted(known)}")
+    cutoff = _cutoff(model)
+    graphs = [AtomGraphData.from_numpy_dict(unlabeled_atoms_to_graph(a, cutoff)) for a in structures]
+    batch = Collater([], follow_batch=None, exclude_keys=None)(graphs)
+    target = device if device is not None else next(model.parameters()).device
+    return {k: v.to(target) for k, v in batch.to_dict().items() if isinstance(v, Tensor)}
+
+
+def _voigt_to_full(voigt: Tensor) -> Tensor:
+    """``[..., 6]`` in ASE's Voigt order (xx, yy, zz, yz, xz, xy) -> ``[..., 3, 3]``."""
+    xx, yy, zz, yz, xz, xy = voigt.unbind(-1)
+    rows = (torch.stack((xx, xy, xz), -1), torch.stack((xy, yy, yz), -1), torch.stack((xz, yz, zz), -1))
+    return torch.stack(rows, -2)
+
+
+def properties(output: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat ``energy [S]``, ``forces [N, 3]``, ``stress [S, 3, 3]`` (ASE's
+    sign and layout: sevenn's ``-inferred_stress`` reordered as its calculator
+    does) and per-atom ``energies [N]``, beside sevenn's own energy key."""
+    flat: dict[str, Any] = {"energy": output[ENERGY], ENERGY: output[ENERGY]}
+    if output.get(FORCE) is not None:
+        flat["forces"] = output[FORCE]
+    if output.get(STRESS) is not None:
+        stress = output[STRESS]
+        flat["stress"] = _voigt_to_full(-stress[..., [0, 1, 2, 4, 5, 3]])
+    if output.get(ATOMIC_ENERGY) is not None:
+        flat["energies"] = output[ATOMIC_ENERGY].squeeze(-1)
+    return flat
+
+
+def random_config(
+    *,
+    cutoff: float = 4.0,
+    atomic_numbers: tuple[int, ...] = (1, 6, 8),
+    channels: int = 16,
+    lmax: int = 2,
+    num_convolutions: int = 2,
+) -> dict[str, Any]:
+    """A small sevenn model config, completed with sevenn's own defaults
+    (``DEFAULT_E3_EQUIVARIANT_MODEL_CONFIG``, ``chemical_species_preprocess``),
+    with non-zero species-wise energy shifts and scales and biases in the
+    linear layers. Saved beside the weights it makes a sevenn checkpoint
+    (:func:`save_checkpoint`)."""
+    import sevenn
+    import sevenn._const as const
+    import sevenn._keys as KEY
+    from ase.data import chemical_symbols
+    from sevenn.util import chemical_species_preprocess
+
+    config = copy.deepcopy(const.DEFAULT_E3_EQUIVARIANT_MODEL_CONFIG)
+    config.update(chemical_species_preprocess([chemical_symbols[int(z)] for z in atomic_numbers]))
+    n = config[KEY.NUM_SPECIES]
+    config.update({
+        KEY.CUTOFF: float(cutoff),
+        KEY.NODE_FEATURE_MULTIPLICITY: channels,
+        KEY.LMAX: lmax,
+        KEY.NUM_CONVOLUTION: num_convolutions,
+        KEY.CONVOLUTION_WEIGHT_NN_HIDDEN_NEURONS: [16, 16],
+        KEY.CONV_DENOMINATOR: 12.0,  # training sets it to the average neighbour count
+        KEY.SHIFT: [-1.0 - 0.7 * i for i in range(n)],  # species-wise, non-zero
+        KEY.SCALE: [1.3 + 0.2 * i for i in range(n)],
+        KEY.USE_BIAS_IN_LINEAR: True,
+        "version": sevenn.__version__,
+    })
+    return config
+
+
+def random_model(
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    *,
+    atomic_numbers: tuple[int, ...] = (1, 6, 8),
+    seed: int = 0,
+    **config: Any,
+) -> torch.nn.Module:
+    """A small randomly initialised SevenNet (``AtomGraphSequential``) built by
+    sevenn's ``build_E3_equivariant_model`` from :func:`random_config`
+    (``atomic_numbers`` and keyword arguments pass to it), in batch and
+    evaluation mode. The linear
+    layers' biases, zero-initialised by e3nn, are made random so a padding
+    leak would show.
+
+    Raises
+    ------
+    ValueError
+        For a dtype other than ``torch.float32`` (sevenn is float32 only).
+    """
+    from sevenn.model_build import build_E3_equivariant_model
+
+    if dtype != torch.float32:
+        raise ValueError(f"sevenn models are float32 only (its one-hot embedding casts to float32); got {dtype}")
+    torch.manual_seed(seed)
+    model = build_E3_equivariant_model(random_config(atomic_numbers=atomic_numbers, **config))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.3)
+    model.set_is_batch_data(True)
+    return model.eval().to(device)
+
+
+def save_checkpoint(model: torch.nn.Module, config: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+    """Write ``model`` as a sevenn checkpoint (the dict sevenn's trainer writes:
+    ``config``, ``model_state_dict``, ``epoch``, ``time``, ``hash``), readable by
+    :func:`load_model` and by ``sevenn.util.load_checkpoint``."""
+    import uuid
+    from datetime import datetime
+
+    torch.save({
+        "config": dict(config), "model_state_dict": model.state_dict(), "optimizer_state_dict": {},
+        "scheduler_state_dict": {}, "epoch": 0, "time": datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "hash": uuid.uuid4().hex,
+    }, path)
+
+
+def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
+    """A model from a local sevenn checkpoint (``checkpoint_*.pth``), built with
+    ``SevenNetCheckpoint.build_model`` as ``SevenNetCalculator`` builds it, in
+    batch and evaluation mode. Only files: sevenn's loader would treat any
+    other string as a pretrained-model name and may download it."""
+    from sevenn.checkpoint import SevenNetCheckpoint
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no sevenn checkpoint at {path!r} (a local file is required)")
+    model = SevenNetCheckpoint(path).build_model()
+    model.set_is_batch_data(True)
+    return model.eval().to(device)
+
+
+def default_system() -> Any:
+    """Periodic bulk: a rattled 2x2x2 diamond-carbon supercell (64 atoms)."""
+    from ase.build import bulk
+
+    atoms = bulk("C", "diamond", a=3.57, cubic=True) * (2, 2, 2)
+    atoms.rattle(0.05, seed=0)
+    return atoms
+
+
+ADAPTER = Adapter(
+    name="sevennet",
+    make_padder=make_padder,
+    energy_key=ENERGY,
+    atom_outputs=ATOM_OUTPUTS,
+    system_outputs=SYSTEM_OUTPUTS,
+    cutoff=_cutoff,
+    build_input=build_input,
+    install_hint="pip install 'ddpad[sevennet]'",
+    requires=("sevenn",),
+    prepare_model=prepare_model,
+    call=_step,
+    evaluate=evaluate,
+    dynamo_config={"trace_autograd_ops": True, "capture_scalar_outputs": True},
+    random_model=random_model,
+    load_model=load_model,
+    default_system=default_system,
+    properties=properties,
+    atom_energy_key=ATOMIC_ENERGY,
+    call_forms=({},),
+    grad_input=None,
+)
