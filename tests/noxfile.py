@@ -35,6 +35,12 @@ CORE_TESTS = [
 ]
 
 
+def _pytest_args(session: nox.Session) -> list[str]:
+    """Arguments after ``--`` replace the default, which leaves out the long
+    inductor compiles (``nox -f tests/noxfile.py -- -m inductor`` runs them)."""
+    return list(session.posargs) or ["-m", "not inductor"]
+
+
 def _install(session: nox.Session, extra: str) -> None:
     session.chdir(ROOT)
     session.install("-c", CONSTRAINTS, "torch==2.13.0")
@@ -44,7 +50,7 @@ def _install(session: nox.Session, extra: str) -> None:
 def _adapter_session(session: nox.Session, extra: str, *tests: str) -> None:
     """Install ddpad with ``extra`` (and torch pinned), run ``tests``."""
     _install(session, f"{extra},test")
-    session.run("python", "-m", "pytest", *tests, *session.posargs)
+    session.run("python", "-m", "pytest", *tests, *_pytest_args(session))
 
 
 @nox.session(python="3.11")
@@ -52,7 +58,7 @@ def core(session: nox.Session) -> None:
     """The core library, no model package: capacity, padders, agreement, runtime, registry."""
     _install(session, "test")
     session.install("-c", CONSTRAINTS, "./tests/plugin_pkg", "mkdocs")
-    session.run("python", "-m", "pytest", *CORE_TESTS, *session.posargs)
+    session.run("python", "-m", "pytest", *CORE_TESTS, *_pytest_args(session))
     # the docs build with warnings as errors
     session.run("mkdocs", "build", "--strict", "-f", "docs/mkdocs.yml", "-d", session.create_tmp() + "/site")
 
@@ -69,8 +75,8 @@ def mace(session: nox.Session) -> None:
     with a real model (the toy plugin beside it, as in the core session)."""
     _install(session, "mace,test")
     session.install("-c", CONSTRAINTS, "./tests/plugin_pkg")
-    session.run("python", "-m", "pytest", "tests/test_mace.py", "tests/test_registry.py", "tests/test_readme.py", *session.posargs)
-    session.run("python", "-m", "pytest", "tests/test_cli.py", "-k", "elements", *session.posargs)
+    session.run("python", "-m", "pytest", "tests/test_mace.py", "tests/test_registry.py", "tests/test_readme.py", *_pytest_args(session))
+    session.run("python", "-m", "pytest", "tests/test_cli.py", "-k", "elements", *_pytest_args(session))
 
 
 @nox.session(python="3.11")
@@ -92,7 +98,7 @@ def nvalchemi(session: nox.Session) -> None:
     # a torchvision pulled in beside the pinned CPU torch fails to import
     # ('torchvision::nms does not exist') and breaks torchmetrics / mace
     session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", silent=True)
-    session.run("python", "-m", "pytest", "tests/test_nvalchemi.py", *session.posargs)
+    session.run("python", "-m", "pytest", "tests/test_nvalchemi.py", *_pytest_args(session))
 
 
 @nox.session(python="3.11")

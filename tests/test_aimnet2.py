@@ -153,6 +153,7 @@ def test_joined_dead_atoms_leak_own_dead_molecule_does_not() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.inductor
 def test_inductor_one_graph() -> None:
     model = random_model()
     batches = trajectory(model, 6, seed=5)

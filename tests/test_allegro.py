@@ -87,6 +87,7 @@ def test_owned_atomic_energies_differentiable(model: torch.nn.Module) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.inductor
 def test_inductor_one_graph(model: torch.nn.Module) -> None:
     adapter = adapters.get("allegro")
     rng = np.random.default_rng(6)

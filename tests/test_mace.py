@@ -160,6 +160,7 @@ def test_two_rank_agreement_identical_caps(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.inductor
 def test_inductor_20_steps_one_graph() -> None:
     model = random_model()
     adapter = adapters.get("mace")

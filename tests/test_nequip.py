@@ -204,6 +204,7 @@ def test_cli_run_three_steps(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.inductor
 def test_inductor_one_graph(model: torch.nn.Module) -> None:
     adapter = adapters.get("nequip")
     rng = np.random.default_rng(6)

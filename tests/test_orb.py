@@ -253,6 +253,7 @@ def test_cli_run() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.inductor
 def test_inductor_one_graph() -> None:
     model = random_model()
     adapter = adapters.get("orb")

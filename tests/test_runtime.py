@@ -198,6 +198,7 @@ def test_wrap_rejects_bad_arguments() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.inductor
 def test_inductor_short_run_one_graph_per_frame() -> None:
     model = MPNN(width=8)
     steps = trajectory(12, 1, seed=11, n0=24)

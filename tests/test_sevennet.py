@@ -304,6 +304,7 @@ def test_molecules_without_cell() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.inductor
 def test_inductor_20_steps_one_graph() -> None:
     model = random_model()
     adapter = adapters.get("sevennet")

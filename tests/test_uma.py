@@ -178,6 +178,7 @@ def test_user_model_is_not_modified() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.inductor
 def test_inductor_one_graph_per_frame() -> None:
     model = random_model()
     adapter = adapters.get("uma")
