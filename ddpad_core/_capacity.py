@@ -28,8 +28,8 @@ __all__ = [
     "CapacityError",
     "bucket",
     "cap_agreement_group",
-    "cap_ceilings",
     "cap_agreement_over",
+    "cap_ceilings",
     "record_resolutions",
     "resolve_cap",
     "resolve_caps",
@@ -279,7 +279,7 @@ _RESOLUTIONS: contextvars.ContextVar[list[CapResolution] | None] = contextvars.C
     "ddpad_resolutions", default=None
 )
 _CEILINGS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar(
-    "ddpad_ceilings", default=MappingProxyType({})  # noqa: B039 - read-only
+    "ddpad_ceilings", default=MappingProxyType({})
 )
 
 

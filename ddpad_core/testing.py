@@ -63,7 +63,7 @@ def _compare(out: Mapping[str, Any], ref: Mapping[str, Any], *, atol: float, rto
         assert got[key].shape == value.shape, f"{where}: {key} shape {tuple(got[key].shape)} != eager {tuple(value.shape)}"
         assert got[key].dtype == value.dtype, f"{where}: {key} dtype {got[key].dtype} != eager {value.dtype}"
         assert torch.isfinite(got[key]).all(), f"{where}: {key} has non-finite values"
-        torch.testing.assert_close(got[key].detach(), value.detach(), atol=atol, rtol=rtol, msg=lambda m: f"{where}: {key}: {m}")
+        torch.testing.assert_close(got[key].detach(), value.detach(), atol=atol, rtol=rtol, msg=lambda m, key=key: f"{where}: {key}: {m}")
         if value.numel():
             worst = max(worst, float((got[key].detach() - value.detach()).abs().max()))
     return worst
