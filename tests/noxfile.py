@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONSTRAINTS = str(ROOT / "tests" / "constraints.txt")
 
 nox.options.sessions = [
-    "core", "aimnet2", "mace", "uma", "torchsim", "nvalchemi", "lammps", "sevennet", "nequip", "allegro", "orb",
+    "core", "aimnet2", "mace", "uma", "nvalchemi", "lammps", "sevennet", "nequip", "allegro", "orb",
 ]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
@@ -38,13 +38,15 @@ CORE_TESTS = [
 def _pytest_args(session: nox.Session) -> list[str]:
     """Arguments after ``--`` replace the default, which leaves out the long
     inductor compiles (``nox -f tests/noxfile.py -- -m inductor`` runs them)."""
-    return list(session.posargs) or ["-m", "not inductor"]
+    return list(session.posargs) or ["-m", "not inductor", "--durations=8"]
 
 
 def _install(session: nox.Session, extra: str) -> None:
     session.chdir(ROOT)
-    session.install("-c", CONSTRAINTS, "torch==2.13.0")
-    session.install("-c", CONSTRAINTS, "-e", f".[{extra}]")
+    # --no-compile: byte-compiling every installed module took ~60 s a session;
+    # Python compiles what the tests import, once, as it imports it
+    session.install("--no-compile", "-c", CONSTRAINTS, "torch==2.13.0")
+    session.install("--no-compile", "-c", CONSTRAINTS, "-e", f".[{extra}]")
 
 
 def _adapter_session(session: nox.Session, extra: str, *tests: str) -> None:
@@ -57,7 +59,7 @@ def _adapter_session(session: nox.Session, extra: str, *tests: str) -> None:
 def core(session: nox.Session) -> None:
     """The core library, no model package: capacity, padders, agreement, runtime, registry."""
     _install(session, "test")
-    session.install("-c", CONSTRAINTS, "./tests/plugin_pkg", "mkdocs")
+    session.install("--no-compile", "-c", CONSTRAINTS, "./tests/plugin_pkg", "mkdocs")
     session.run("python", "-m", "pytest", *CORE_TESTS, *_pytest_args(session))
     # the docs build with warnings as errors
     session.run("mkdocs", "build", "--strict", "-f", "docs/mkdocs.yml", "-d", session.create_tmp() + "/site")
@@ -72,10 +74,13 @@ def aimnet2(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def mace(session: nox.Session) -> None:
     """The MACE adapter against mace-torch; the README's Python blocks; the CLI
-    with a real model (the toy plugin beside it, as in the core session)."""
-    _install(session, "mace,test")
-    session.install("-c", CONSTRAINTS, "./tests/plugin_pkg")
-    session.run("python", "-m", "pytest", "tests/test_mace.py", "tests/test_registry.py", "tests/test_readme.py", *_pytest_args(session))
+    with a real model (the toy plugin beside it, as in the core session);
+    torch-sim (0.3.0, the release for Python 3.11) with MACE as the model,
+    in the same environment (one install fewer)."""
+    _install(session, "mace,torchsim,test")
+    session.install("--no-compile", "-c", CONSTRAINTS, "./tests/plugin_pkg")
+    session.run("python", "-m", "pytest", "tests/test_mace.py", "tests/test_registry.py", "tests/test_readme.py",
+                "tests/test_torchsim.py", *_pytest_args(session))
     session.run("python", "-m", "pytest", "tests/test_cli.py", "-k", "elements", *_pytest_args(session))
 
 
@@ -83,12 +88,6 @@ def mace(session: nox.Session) -> None:
 def uma(session: nox.Session) -> None:
     """The UMA adapter against fairchem-core (e3nn >= 0.5: its own environment)."""
     _adapter_session(session, "uma", "tests/test_uma.py", "tests/test_registry.py")
-
-
-@nox.session(python="3.11")
-def torchsim(session: nox.Session) -> None:
-    """torch-sim (0.3.0: the release for Python 3.11) with MACE as the model."""
-    _adapter_session(session, "mace,torchsim", "tests/test_torchsim.py")
 
 
 @nox.session(python="3.11")
