@@ -52,6 +52,7 @@ _BUILTINS: Mapping[str, _Builtin] = MappingProxyType({
     "nequip": _Builtin("ddpad.adapters.nequip:ADAPTER", ("nequip",), "pip install 'ddpad[nequip]'"),
     "allegro": _Builtin("ddpad.adapters.allegro:ADAPTER", ("allegro", "nequip"), "pip install 'ddpad[allegro]'"),
     "orb": _Builtin("ddpad.adapters.orb:ADAPTER", ("orb_models",), "pip install 'ddpad[orb]'"),
+    "mattersim": _Builtin("ddpad.adapters.mattersim:ADAPTER", ("mattersim",), "pip install 'ddpad[mattersim]'"),
 })
 
 

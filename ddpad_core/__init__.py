@@ -44,6 +44,7 @@ from ._runtime import (
     save_caps,
     wrap,
 )
+from ._store import CompileStore, default_store_dir, model_fingerprint
 
 __version__ = "0.1.0"
 
@@ -54,8 +55,9 @@ __all__ = [
     "COOPadder",
     "CapEvent",
     "CapPolicy",
-    "CapacityError",
     "CapResolution",
+    "CapacityError",
+    "CompileStore",
     "DenseBatchPadder",
     "DensePadder",
     "DistributedContext",
@@ -78,8 +80,10 @@ __all__ = [
     "compile_counted",
     "counting_backend",
     "current_dd_context",
+    "default_store_dir",
     "derive_ceilings",
     "load_caps",
+    "model_fingerprint",
     "record_resolutions",
     "resolve_adapter",
     "resolve_cap",

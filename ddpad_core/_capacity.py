@@ -275,7 +275,10 @@ class Agreement:
 _AGREEMENT: contextvars.ContextVar[Agreement | None] = contextvars.ContextVar(
     "ddpad_agreement", default=None
 )
-_RESOLUTIONS: contextvars.ContextVar[list[CapResolution] | None] = contextvars.ContextVar(
+# (key, real, need, old cap or None, cap, policy): a CapResolution's fields,
+# built into one only where a caller asks for them
+_Row = tuple[str, int, int, int | None, int, CapPolicy]
+_RESOLUTIONS: contextvars.ContextVar[Callable[[list[_Row]], None] | None] = contextvars.ContextVar(
     "ddpad_resolutions", default=None
 )
 _CEILINGS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar(
@@ -363,14 +366,18 @@ def _active(agreement: Agreement | None) -> Iterator[None]:
         _AGREEMENT.reset(token)
 
 
+def _checked_ceilings(ceilings: Mapping[str, int] | None) -> Mapping[str, int]:
+    for key, value in (ceilings or {}).items():
+        if _as_count(f"ceiling of {key!r}", value) < 1:
+            raise ValueError(f"ceiling of {key!r} must be >= 1, got {value}")
+    return MappingProxyType(dict(ceilings or {}))
+
+
 @contextlib.contextmanager
 def cap_ceilings(ceilings: Mapping[str, int] | None) -> Iterator[None]:
     """Per-key cap ceilings for every resolution inside the block (on top of
     each policy's ``max_cap``; the smaller wins)."""
-    for key, value in (ceilings or {}).items():
-        if _as_count(f"ceiling of {key!r}", value) < 1:
-            raise ValueError(f"ceiling of {key!r} must be >= 1, got {value}")
-    token = _CEILINGS.set(MappingProxyType(dict(ceilings or {})))
+    token = _CEILINGS.set(_checked_ceilings(ceilings))
     try:
         yield
     finally:
@@ -382,17 +389,48 @@ def record_resolutions() -> Iterator[list[CapResolution]]:
     """Collect every :class:`CapResolution` made inside the block (growths,
     fills) into the yielded list. Nested blocks each see their own list."""
     sink: list[CapResolution] = []
-    token = _RESOLUTIONS.set(sink)
+    token = _RESOLUTIONS.set(lambda rows: sink.extend(CapResolution(*row) for row in rows))
     try:
         yield sink
     finally:
         _RESOLUTIONS.reset(token)
 
 
-def _ceiling(key: str, policy: CapPolicy) -> int | None:
-    scoped = _CEILINGS.get().get(key)
-    limits = [c for c in (policy.max_cap, scoped) if c is not None]
-    return min(limits) if limits else None
+class _Scope:
+    """One call's scope (what a :class:`~ddpad.PaddedModel` call opens): every
+    resolution inside goes to ``rows`` as a plain tuple of the fields of a
+    :class:`CapResolution` (no object per key and call), under ``ceilings``.
+    A class, not a generator: it is entered on every call."""
+
+    __slots__ = ("_ceilings", "_tokens", "rows")
+
+    def __init__(self, ceilings: Mapping[str, int] | None) -> None:
+        self.rows: list[_Row] = []
+        self._ceilings = _checked_ceilings(ceilings) if ceilings else None
+        self._tokens: tuple[Any, Any] = (None, None)
+
+    def __enter__(self) -> list[_Row]:
+        ceilings = _CEILINGS.set(self._ceilings) if self._ceilings is not None else None
+        self._tokens = (_RESOLUTIONS.set(self.rows.extend), ceilings)
+        return self.rows
+
+    def __exit__(self, *exc: object) -> None:
+        rows, ceilings = self._tokens
+        _RESOLUTIONS.reset(rows)
+        if ceilings is not None:
+            _CEILINGS.reset(ceilings)
+
+
+def resolutions(rows: list[_Row]) -> list[CapResolution]:
+    """The :class:`CapResolution` of each row a :class:`_Scope` recorded."""
+    return [CapResolution(*row) for row in rows]
+
+
+def _ceiling(key: str, policy: CapPolicy, scoped: Mapping[str, int]) -> int | None:
+    limit, other = policy.max_cap, scoped.get(key)
+    if limit is None or (other is not None and other < limit):
+        return other
+    return limit
 
 
 def resolve_caps(
@@ -418,18 +456,52 @@ def resolve_caps(
         When a need exceeds its ceiling (``CapPolicy.max_cap`` or
         :func:`cap_ceilings`); ``state`` is left unchanged.
     """
+    agreement, ceilings = _AGREEMENT.get(), _CEILINGS.get()
+    rows = _steady(state, requests, ceilings) if agreement is None else None
+    if rows is None:
+        rows = _resolve(state, requests, agreement, ceilings)
+    sink = _RESOLUTIONS.get()
+    if sink is not None:
+        sink(rows)
+    return {row[0]: row[4] for row in rows}
+
+
+def _steady(
+    state: Mapping[str, int], requests: Mapping[str, tuple[int, CapPolicy]], ceilings: Mapping[str, int]
+) -> list[_Row] | None:
+    """The rows of a call that changes nothing (every key known, within its
+    ceiling, its need fitting its cap: nearly every call), or None."""
+    rows = []
+    for key, (real, policy) in requests.items():
+        cap = state.get(key)
+        if cap is None or type(real) is not int or real < 0:  # new key, or a count to check
+            return None
+        need = real + policy.extra
+        if need > cap or (need == cap and not policy.strict_gt):
+            return None
+        ceiling = _ceiling(key, policy, ceilings)
+        if ceiling is not None and cap > ceiling:
+            return None
+        rows.append((key, real, need, cap, cap, policy))
+    return rows
+
+
+def _resolve(
+    state: dict[str, int], requests: Mapping[str, tuple[int, CapPolicy]], agreement: Agreement | None,
+    ceilings: Mapping[str, int],
+) -> list[_Row]:
+    """Resolve every key (SPEC sections 2 and 3): the general path."""
     keys = list(requests)
     reals = [_as_count(f"real (key {k!r})", requests[k][0]) for k in keys]
     policies = [requests[k][1] for k in keys]
     needs = [r + p.extra for r, p in zip(reals, policies)]
-    agreement = _AGREEMENT.get()
     current = dict(state)
     if agreement is not None and keys:
         needs, agreed = agreement.exchange(keys, needs, [state.get(k, 0) for k in keys])
         for key, cap in zip(keys, agreed):
             if cap > current.get(key, 0):  # a peer's cap (loaded or grown) is larger
                 current[key] = cap
-    resolutions = []
+    rows: list[_Row] = []
     for key, real, need, policy in zip(keys, reals, needs, policies):
         old = current.get(key)
         if old is None:
@@ -438,7 +510,7 @@ def resolve_caps(
             cap = max(policy.stride, bucket(need, policy.grow_factor, policy.stride))
         else:
             cap = old
-        ceiling = _ceiling(key, policy)
+        ceiling = _ceiling(key, policy, ceilings)
         if ceiling is not None and cap > ceiling:
             if not policy.fits(need, ceiling):
                 raise CapacityError(
@@ -448,16 +520,13 @@ def resolve_caps(
                     "or split the system"
                 )
             cap = max(ceiling, old or 0)
-        resolutions.append(CapResolution(key, real, need, state.get(key), cap, policy))
-    for r in resolutions:
-        if r.old_cap is not None and r.cap != r.old_cap:
-            relation = ">" if r.need > r.old_cap else ">="
-            log.info("%s %d %s cap %d: grow to %d, expect one recompile", r.key, r.need, relation, r.old_cap, r.cap)
-        state[r.key] = r.cap
-    sink = _RESOLUTIONS.get()
-    if sink is not None:
-        sink.extend(resolutions)
-    return {r.key: r.cap for r in resolutions}
+        rows.append((key, real, need, state.get(key), cap, policy))
+    for key, _, need, old, cap, _ in rows:
+        if old is not None and cap != old:
+            relation = ">" if need > old else ">="
+            log.info("%s %d %s cap %d: grow to %d, expect one recompile", key, need, relation, old, cap)
+        state[key] = cap
+    return rows
 
 
 def resolve_cap(

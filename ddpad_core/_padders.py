@@ -438,10 +438,11 @@ class _PadderBase:
         nests them per head and property)."""
         unpadded = {}
         for key, value in output.items():
-            if isinstance(value, Mapping):
+            if isinstance(value, Tensor):  # first: a Mapping check is an ABC lookup
+                if key in rows:
+                    value = value[: rows[key]]
+            elif isinstance(value, Mapping):
                 value = self._unpad_mapping(value, rows)
-            elif key in rows and isinstance(value, Tensor):
-                value = value[: rows[key]]
             unpadded[key] = value
         return unpadded
 

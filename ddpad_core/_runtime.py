@@ -9,31 +9,39 @@ and attempt), not inferred.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
+import importlib.metadata
 import inspect
 import json
 import logging
 import os
+import pathlib
+import re
 import tempfile
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from ._background import Background
 from ._capacity import (
     AgreementError,
     CapacityError,
     CapResolution,
+    _Scope,
     bucket,
     cap_ceilings,
     current_agreement,
-    record_resolutions,
+    resolutions,
 )
 from ._context import DistributedContext, activate_dd_context, current_dd_context
 from ._protocol import GraphPadder
+from ._store import CompileStore, _graph_key
 
 if TYPE_CHECKING:
     from ddpad.adapters import Adapter
@@ -139,6 +147,17 @@ class Stats:
     eager_steps
         Calls run unpadded and eager because a need exceeded its ceiling
         (``on_overflow="eager"``).
+    graphs_compiled, graphs_loaded
+        Of ``graphs``: those the backend compiled, and those it loaded from
+        torch's caches (a compile-store entry, or torch's own on-disk cache).
+    compile_seconds, load_seconds
+        Backend time of the compiled graphs, and of the loaded graphs plus
+        reading compile-store entries (Dynamo's tracing is in neither).
+    store_hits, store_misses
+        Graphs whose compile-store entry was there (and loaded) / was not.
+    background_started, background_used, background_wasted
+        Background compiles of the next bucket: started, whose caps a later
+        growth reached, and finished or stopped without being reached.
     """
 
     calls: int = 0
@@ -157,6 +176,15 @@ class Stats:
     unexplained: list[str] = field(default_factory=list)
     failed_growths: list[CapEvent] = field(default_factory=list)
     eager_steps: int = 0
+    graphs_compiled: int = 0
+    graphs_loaded: int = 0
+    compile_seconds: float = 0.0
+    load_seconds: float = 0.0
+    store_hits: int = 0
+    store_misses: int = 0
+    background_started: int = 0
+    background_used: int = 0
+    background_wasted: int = 0
 
     def record(self, call: int, resolved: list[CapResolution]) -> bool:
         """Record the fills and growths of call ``call``'s cap resolutions;
@@ -197,23 +225,69 @@ class Stats:
             "unexplained": list(self.unexplained),
             "failed_growths": [vars(e) for e in self.failed_growths],
             "eager_steps": self.eager_steps,
+            **{name: getattr(self, name) for name in _COMPILE_FIELDS},
         }
 
 
-class _CountingBackend:
-    """A Dynamo backend that records each compile event, then delegates."""
+_COMPILE_FIELDS = (
+    "graphs_compiled", "graphs_loaded", "compile_seconds", "load_seconds", "store_hits", "store_misses",
+    "background_started", "background_used", "background_wasted",
+)
 
-    def __init__(self, inner: Callable[..., Any], stats: Stats) -> None:
+
+@dataclass
+class _StoreLink:
+    """A compile store and the key of one model in it; ``compiled`` are the
+    entries this process compiled, saved again whenever torch recorded more
+    artifacts since (what compiles lazily: a backward, run by the adapter's
+    call or later by the caller)."""
+
+    store: CompileStore
+    model_key: str
+    compiled: list[pathlib.Path] = field(default_factory=list)
+
+    def save(self, path: pathlib.Path) -> None:
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is None:  # nothing cacheable (a backend without torch's caches)
+            return
+        try:
+            self.store.write(path, saved[0])
+        except OSError as exc:
+            log.warning("ddpad: cannot write compile-store entry %s (%s)", path, exc)
+
+    def flush(self) -> None:
+        """After each call, at close and at exit: re-save the compiled
+        entries if torch recorded more artifacts since."""
+        from torch.compiler._cache import CacheArtifactManager
+
+        if self.compiled and CacheArtifactManager.need_serialize():
+            for path in self.compiled:
+                self.save(path)
+
+
+class _CountingBackend:
+    """A Dynamo backend that records each compile event, then delegates
+    (through a compile store when it has one)."""
+
+    def __init__(self, inner: Callable[..., Any], stats: Stats, store: _StoreLink | None = None) -> None:
         self.inner = inner
         self.stats = stats
+        self.store = store
         self.seen: set[str] = set()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         compile_id = torch._guards.CompileContext.current_compile_id()
         key = str(compile_id) if compile_id is not None else f"anonymous-{len(self.seen)}"
-        if key in self.seen:  # Dynamo retried the same compile (restarted analysis)
-            return self.inner(gm, example_inputs)
-        self.seen.add(key)
+        if key not in self.seen:  # not a retry of this compile (a restarted analysis counts once)
+            self.seen.add(key)
+            self._count(compile_id)
+        # a restart raised from inside the backend (e.g. by AOTAutograd) leaves
+        # nothing counted as compiled or loaded: the retry is timed and stored
+        if self.store is None:
+            return self._timed(gm, example_inputs)
+        return self._through_store(self.store, gm, example_inputs)
+
+    def _count(self, compile_id: Any) -> None:
         frame = getattr(compile_id, "frame_id", None)
         frame = -1 if frame is None else int(frame)
         if frame in self.stats.graphs_per_frame:  # a frame this model compiled before
@@ -222,7 +296,45 @@ class _CountingBackend:
         self.stats.graphs_per_frame[frame] = self.stats.graphs_per_frame.get(frame, 0) + 1
         call = self.stats.calls  # the call in progress
         self.stats.graphs_by_call[call] = self.stats.graphs_by_call.get(call, 0) + 1
-        return self.inner(gm, example_inputs)
+
+    def _timed(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """The inner compile, timed and sorted into compiled or loaded (an
+        AOTAutograd or FX-graph cache hit loads instead of compiling)."""
+        counters = torch._dynamo.utils.counters
+        hits = counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
+        t0 = time.perf_counter()
+        compiled = self.inner(gm, example_inputs)
+        seconds = time.perf_counter() - t0
+        if counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"] > hits:
+            self.stats.graphs_loaded += 1
+            self.stats.load_seconds += seconds
+        else:
+            self.stats.graphs_compiled += 1
+            self.stats.compile_seconds += seconds
+        return compiled
+
+    def _through_store(self, link: _StoreLink, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """Load this graph's entry if the store has it; else compile it under
+        the entry's lock (a process already compiling it is waited for, then
+        loaded from) and save it before the graph first runs."""
+        path = link.store.entry(link.model_key, _graph_key(link.model_key, gm, example_inputs))
+        t0 = time.perf_counter()
+        found = link.store.load(path)
+        if not found:
+            with link.store.lock(path) as compile_here:
+                if not compile_here:
+                    found = link.store.load(path)
+                self.stats.load_seconds += time.perf_counter() - t0
+                compiled = self._timed(gm, example_inputs)
+                if not found:
+                    link.save(path)  # before the graph runs: waiting ranks go on
+                    link.compiled.append(path)
+        else:
+            self.stats.load_seconds += time.perf_counter() - t0
+            compiled = self._timed(gm, example_inputs)
+        self.stats.store_hits += int(found)
+        self.stats.store_misses += int(not found)
+        return compiled
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _CountingBackend:
         # a recorder: a copy would count into a copy of the stats (lightning,
@@ -245,18 +357,32 @@ def _inner_backend(backend: str | Callable[..., Any], mode: str | None, options:
 def counting_backend(
     stats: Stats, backend: str | Callable[..., Any] = "inductor", *,
     mode: str | None = None, options: dict[str, Any] | None = None, dynamic: bool | None = None,
+    compile_cache: str | os.PathLike[str] | CompileStore | None = None, model: torch.nn.Module | None = None,
 ) -> Callable[..., Any]:
     """A ``torch.compile`` backend that records each compile event in ``stats``
     (``graphs``, ``graphs_per_frame``, ``graphs_by_call``, ``recompiles``), then
     compiles with ``backend``. Hand it to an engine that compiles for you
     (e.g. nvalchemi's ``compile_kwargs={"backend": ...}``); the caller
-    advances ``stats.calls``."""
-    return _CountingBackend(_inner_backend(backend, mode, options, dynamic), stats)
+    advances ``stats.calls``. With ``compile_cache`` (and the ``model``
+    compiled, which keys the store) graphs go through a compile store
+    (:func:`wrap`'s ``compile_cache``)."""
+    store = None
+    if compile_cache is not None:
+        if model is None:
+            raise ValueError("ddpad: counting_backend(compile_cache=...) needs model= (the store keys by it)")
+        store = store_link(model, compile_cache, backend=backend, mode=mode, options=options, dynamic=dynamic)
+    return _CountingBackend(_inner_backend(backend, mode, options, dynamic), stats, store)
 
 
 def compile_counted(model: Callable[..., Any], stats: Stats, **compile_kwargs: Any) -> Callable[..., Any]:
     """``torch.compile(model, **compile_kwargs)`` whose compile events land in
     ``stats`` (see :func:`counting_backend`)."""
+    return _compile_counted(model, stats, None, **compile_kwargs)
+
+
+def _compile_counted(
+    model: Callable[..., Any], stats: Stats, store: _StoreLink | None, **compile_kwargs: Any
+) -> Callable[..., Any]:
     kwargs = dict(compile_kwargs)
     backend = kwargs.pop("backend", "inductor")
     mode = kwargs.pop("mode", None)
@@ -264,18 +390,19 @@ def compile_counted(model: Callable[..., Any], stats: Stats, **compile_kwargs: A
     dynamic = kwargs.pop("dynamic", None)
     if _HAS_ISOLATE:  # recompiles count against this compile's own limit only
         kwargs.setdefault("isolate_recompiles", True)
-    counting = counting_backend(stats, backend, mode=mode, options=options, dynamic=dynamic)
+    counting = _CountingBackend(_inner_backend(backend, mode, options, dynamic), stats, store)
     return torch.compile(model, backend=counting, dynamic=dynamic, **kwargs)
 
 
 def _compile_model(
-    model: torch.nn.Module, stats: Stats, region: Callable[..., Any] | None, **compile_kwargs: Any
+    model: torch.nn.Module, stats: Stats, region: Callable[..., Any] | None,
+    store: _StoreLink | None = None, **compile_kwargs: Any,
 ) -> Callable[..., Any]:
     """Compile ``model``, or only the part ``region`` picks (a model padding at
     its own seam compiles what comes after it)."""
     if region is None:
-        return compile_counted(model, stats, **compile_kwargs)
-    return region(model, lambda part: compile_counted(part, stats, **compile_kwargs))
+        return _compile_counted(model, stats, store, **compile_kwargs)
+    return region(model, lambda part: _compile_counted(part, stats, store, **compile_kwargs))
 
 
 def _run_step(
@@ -291,8 +418,28 @@ def _run_step(
         return call(compiled, data, *args, **kwargs)
 
 
-def _guard_failure_counts() -> dict[Any, int]:
-    return {code: len(reasons) for code, reasons in torch._dynamo.utils.guard_failures.items()}
+# the last count of Dynamo's guard-failure reasons, and the frame counter it was taken at
+_GUARD_FAILURES: contextvars.ContextVar[tuple[Any, int, dict[Any, int]] | None] = contextvars.ContextVar(
+    "ddpad_guard_failures", default=None
+)
+
+
+def _guard_failure_counts() -> Mapping[Any, int]:
+    """Guard-failure reasons Dynamo recorded so far, per code object.
+
+    Dynamo records them only while converting a frame, after counting the
+    frame in ``counters["frames"]["total"]``; while that count (of the same
+    counter object: ``counters.clear()`` replaces it) has not moved, the last
+    count still holds, and a call costs two lookups instead of a scan."""
+    utils = torch._dynamo.utils
+    frames = utils.counters["frames"]
+    total = frames["total"]
+    last = _GUARD_FAILURES.get()
+    if last is not None and last[0] is frames and last[1] == total:
+        return last[2]
+    counts = {code: len(reasons) for code, reasons in utils.guard_failures.items()}
+    _GUARD_FAILURES.set((frames, total, counts))
+    return counts
 
 
 def _new_guard_failures(before: Mapping[Any, int]) -> list[str]:
@@ -429,6 +576,9 @@ class PaddedModel(torch.nn.Module):
         max_caps: Mapping[str, int] | None = None,
         memory_budget: int | None = None,
         on_overflow: Literal["raise", "eager"] = "raise",
+        compile_cache: str | os.PathLike[str] | CompileStore | None = None,
+        background_compile: float | None = None,
+        background_workers: int = 1,
         **compile_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -460,27 +610,39 @@ class PaddedModel(torch.nn.Module):
         self.stats = Stats(caps=self.cap_state)
         self._low: dict[str, tuple[int, int]] = {}  # key -> (streak, max need)
         self._forms: set[tuple[Any, ...]] = set()  # (call form, caps) that ran
+        self.last_resolutions: list[CapResolution] = []  # of the last call that sized or grew a cap
         self.compiled: Callable[..., Any] = model
+        self.store: _StoreLink | None = None
+        self.background: Background | None = None
         if compile:
             compile_kwargs.setdefault("dynamic", False)
-            self.compiled = _compile_model(model, self.stats, compile_region, **compile_kwargs)
-        elif compile_kwargs:
-            raise TypeError(f"compile=False takes no compile arguments, got {sorted(compile_kwargs)}")
+            if compile_cache is not None:
+                self.store = store_link(model, compile_cache, adapter, self.dynamo_config, **compile_kwargs)
+                weakref.finalize(self, self.store.flush)  # a backward compiled after the last call
+            if background_compile is not None:
+                if self.store is None or adapter is None:
+                    raise ValueError("ddpad: background_compile needs compile_cache= and an adapter (its workers "
+                                     "compile into the store and rebuild the padder from the adapter)")
+                self.background = Background(self, float(background_compile), background_workers, compile_kwargs)
+            self.compiled = _compile_model(model, self.stats, compile_region, self.store, **compile_kwargs)
+        elif compile_kwargs or compile_cache is not None or background_compile is not None:
+            given = sorted([*compile_kwargs, *(["compile_cache"] if compile_cache is not None else []),
+                            *(["background_compile"] if background_compile is not None else [])])
+            raise TypeError(f"compile=False takes no compile arguments, got {given}")
 
     # -- the call -------------------------------------------------------------
 
     def forward(self, data: Any, *args: Any, **kwargs: Any) -> Any:
-        graphs_before, recompiles_before = self.stats.graphs, self.stats.recompiles
+        stats = self.stats
+        call, graphs_before, recompiles_before = stats.calls, stats.graphs, stats.recompiles
         allocations_before = getattr(self.padder, "allocations", None)
         failures_before = _guard_failure_counts() if self.on_recompile != "ignore" else {}
         agreement = current_agreement()
         exchanges_before = agreement.step if agreement is not None else 0
         trial = dict(self.cap_state)  # committed only if the call succeeds
-        measure = self.memory_budget is not None and self.stats.calls == 0
+        measure = self.memory_budget is not None and call == 0
         pad_seconds = 0.0
-        call = self.stats.calls
-        ceilings = cap_ceilings(self.max_caps) if self.max_caps else contextlib.nullcontext()
-        with record_resolutions() as resolved, ceilings:
+        with _Scope(self.max_caps) as rows:  # the call's resolutions (plain tuples) under its ceilings
             try:
                 if measure:
                     _reset_peak(data)
@@ -500,12 +662,12 @@ class PaddedModel(torch.nn.Module):
                     raise
                 log.warning("%s; running this step unpadded and eager", exc)
                 out = self._eager(data, args, kwargs)
-                self.stats.eager_steps += 1
-                self.stats.calls += 1
+                stats.eager_steps += 1
+                stats.calls += 1
                 return out
             except Exception as exc:
                 self._report_failure(agreement, exchanges_before, exc)
-                self._fail(call, resolved, exc)
+                self._fail(call, resolutions(rows), exc)
             finally:
                 restore = getattr(self.padder, "restore", None)
                 if callable(restore):
@@ -513,27 +675,55 @@ class PaddedModel(torch.nn.Module):
         self.cap_state.update(trial)  # the call succeeded: commit its caps
         if measure:
             self._derive_ceilings(data)
-        self.stats.calls += 1
-        self.stats.pad_seconds += pad_seconds
-        self.stats.last_pad_seconds = pad_seconds
+        stats.calls += 1
+        stats.pad_seconds += pad_seconds
+        stats.last_pad_seconds = pad_seconds
         if allocations_before is not None:
-            self.stats.pad_allocations = self.padder.allocations  # type: ignore[attr-defined]
-            self.stats.last_pad_allocations = self.padder.allocations - allocations_before  # type: ignore[attr-defined]
-        self.stats.record(call, resolved)
-        if call == 0:
-            self._check_loaded_keys(resolved)
-        form = (_call_form(args, kwargs), tuple(sorted(self.cap_state.items())))
+            stats.pad_allocations = self.padder.allocations  # type: ignore[attr-defined]
+            stats.last_pad_allocations = self.padder.allocations - allocations_before  # type: ignore[attr-defined]
+        # the form that ran (before a shrink changes the caps)
+        form = (_call_form(args, kwargs), frozenset(self.cap_state.items()))
         new_form = form not in self._forms
         self._forms.add(form)
-        if self.shrink is not None:
-            self._maybe_shrink(call, resolved)
+        if call == 0 or self.shrink is not None or self.background is not None or any(r[3] != r[4] for r in rows):
+            resolved = resolutions(rows)
+            stats.record(call, resolved)
+            self.last_resolutions = resolved  # what sized the caps (policies included)
+            if self.background is not None:
+                self.background.after_call(self, data, args, kwargs, resolved)
+            if call == 0:
+                self._check_loaded_keys(resolved)
+            if self.shrink is not None:
+                self._maybe_shrink(call, resolved)
+        else:  # nothing sized or grew (nearly every call): only the fills changed
+            for key, real, _, _, cap, _ in rows:
+                stats.fill[key] = real / cap if cap else 0.0
         # a compile is explained by caps or a call form (keywords) not run before
-        if self.stats.recompiles > recompiles_before and not new_form:
-            self._unexplained(call, self.stats.graphs - graphs_before, failures_before)
+        if stats.recompiles > recompiles_before and not new_form:
+            self._unexplained(call, stats.graphs - graphs_before, failures_before)
         return out
 
     def _run(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return _run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
+        if self.store is None:
+            return _run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
+        try:
+            return _run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
+        finally:
+            self.store.flush()  # what compiled lazily in this call (a backward) joins its entry
+
+    def close(self) -> None:
+        """Stop this model's background compiles (a worker stopped mid-compile
+        leaves no entry, only its lock file) and save what compiled lazily."""
+        if self.background is not None:
+            self.background.close()
+        if self.store is not None:
+            self.store.flush()
+
+    def __enter__(self) -> PaddedModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _eager(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The unpadded, uncompiled model (``on_overflow="eager"``)."""
@@ -657,6 +847,36 @@ class PaddedModel(torch.nn.Module):
         self._loaded_keys |= set(loaded)
 
 
+def store_link(model: torch.nn.Module, compile_cache: str | os.PathLike[str] | CompileStore,
+               adapter: Adapter | None = None, dynamo_config: Mapping[str, Any] | None = None,
+               **compile_kwargs: Any) -> _StoreLink:
+    """``model``'s place in a compile store, for :func:`counting_backend`'s
+    ``store`` (engines that call ``torch.compile`` themselves)."""
+    store = compile_cache if isinstance(compile_cache, CompileStore) else CompileStore(compile_cache)
+    environment = _store_environment(adapter, dynamo_config or {}, compile_kwargs)
+    return _StoreLink(store, store.model_key(model, **environment))
+
+
+def _store_environment(adapter: Adapter | None, dynamo_config: Mapping[str, Any],
+                       compile_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """What besides the model changes its compiled code: adapter and model
+    package version, backend, mode, options, ``dynamic``, Dynamo flags."""
+    package = None
+    for requirement in adapter.requires if adapter is not None else ():
+        name = re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0]
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            package = f"{name}=={importlib.metadata.version(name)}"
+            break
+    backend = compile_kwargs.get("backend", "inductor")
+    return {
+        "adapter": adapter.name if adapter is not None else None,
+        "package": package,
+        "backend": backend if isinstance(backend, str) else f"{type(backend).__module__}.{type(backend).__qualname__}",
+        "compile": {k: v for k, v in compile_kwargs.items() if k != "backend"},
+        "dynamo_config": dict(dynamo_config),
+    }
+
+
 def _first_tensor(data: Any) -> torch.Tensor | None:
     values = data.values() if isinstance(data, Mapping) else getattr(data, "__dict__", {}).values()
     return next((v for v in values if isinstance(v, torch.Tensor)), None)
@@ -713,7 +933,8 @@ def _private_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone() if tensor.requires_grad else tensor.detach().clone()
 
 
-_PADDING_OPTIONS = frozenset({"padder", "caps", "on_recompile", "shrink", "max_caps", "memory_budget", "on_overflow"})
+_PADDING_OPTIONS = frozenset({"padder", "caps", "on_recompile", "shrink", "max_caps", "memory_budget", "on_overflow",
+                              "compile_cache", "background_compile", "background_workers"})
 
 
 class Evaluator:
@@ -761,6 +982,9 @@ def wrap(
     max_caps: Mapping[str, int] | None = None,
     memory_budget: int | None = None,
     on_overflow: Literal["raise", "eager"] = "raise",
+    compile_cache: str | os.PathLike[str] | CompileStore | None = None,
+    background_compile: float | None = None,
+    background_workers: int = 1,
     **compile_kwargs: Any,
 ) -> PaddedModel:
     """Wrap ``model`` so it always runs at fixed padded shapes.
@@ -792,9 +1016,33 @@ def wrap(
     on_overflow
         ``"raise"`` (default) or ``"eager"``: run a step whose need exceeds a
         ceiling unpadded and eager, and carry on.
+    compile_cache
+        A directory (or :class:`CompileStore`) keeping what compiling
+        produced, keyed by the model's architecture, caps, backend and
+        versions: a later process (a restart, the next job, another rank)
+        loads instead of compiling, and processes compiling the same graph
+        at once compile it once (the others wait and load).
+    background_compile
+        A fill threshold (e.g. ``0.9``; needs ``compile_cache``): when a cap's
+        fill passes it, a worker process compiles the cap's next bucket into
+        the store, so the growth only loads. Stop workers with
+        :meth:`PaddedModel.close` or a ``with`` block (also done at exit).
+    background_workers
+        At most this many background compiles at once.
     """
     adapter = resolve_adapter(adapter)
     model = adapter.prepare_model(model) if adapter.prepare_model is not None else model
+    return padded_model(
+        model, adapter, padder=padder, compile=compile, caps=caps, on_recompile=on_recompile, shrink=shrink,
+        max_caps=max_caps, memory_budget=memory_budget, on_overflow=on_overflow, compile_cache=compile_cache,
+        background_compile=background_compile, background_workers=background_workers, **compile_kwargs,
+    )
+
+
+def padded_model(model: torch.nn.Module, adapter: Adapter, *, padder: GraphPadder | None = None,
+                 **options: Any) -> PaddedModel:
+    """:func:`wrap` for a model ``adapter.prepare_model`` has already prepared
+    (what a background worker rebuilds)."""
     return PaddedModel(
         model,
         padder if padder is not None else adapter.make_padder(model),
@@ -803,12 +1051,5 @@ def wrap(
         call=adapter.call,
         dynamo_config=adapter.dynamo_config,
         compile_region=adapter.compile_region,
-        compile=compile,
-        caps=caps,
-        on_recompile=on_recompile,
-        shrink=shrink,
-        max_caps=max_caps,
-        memory_budget=memory_budget,
-        on_overflow=on_overflow,
-        **compile_kwargs,
+        **options,
     )

@@ -227,8 +227,11 @@ def _model(
             numbers = tuple(sorted(set(default) | _numbers(atoms)))
             options["atomic_numbers"] = numbers
             what = f"RANDOMLY INITIALISED model for {_symbols(numbers)} (no --model given): numbers are not physical"
-        with _quiet_prints(verbose):
-            return adapter.random_model(dtype, device, **options), what
+        try:
+            with _quiet_prints(verbose):
+                return adapter.random_model(dtype, device, **options), what
+        except ValueError as exc:  # e.g. a dtype the model package does not run in
+            raise CliError(f"{adapter.name}: {_one_line(exc)}") from None
     if not os.path.exists(path):
         raise CliError(f"model file {path!r} does not exist")
     if adapter.load_model is None:
@@ -390,7 +393,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"ddpad run {adapter.name}: {len(atoms)} atoms, {what}, device {device}, {dtype}")
     if caps_in is not None:
         print(f"caps loaded from {args.caps}: {caps_in}")
-    compile_kwargs = {"backend": args.backend} if not args.no_compile else {}
+    compile_kwargs = _store_options(args) if not args.no_compile else {}
     try:
         calc = Calculator(model, adapter, compile=not args.no_compile,
                           caps=args.caps if caps_in is not None else None, **compile_kwargs)
@@ -428,6 +431,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress.start()
         dyn.run(args.steps)
     finally:
+        wrapped.close()  # background compiles
         if writer is not None:
             writer.close()
     elapsed = time.perf_counter() - started
@@ -436,6 +440,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{args.steps} steps in {elapsed:.1f} s ({steady:.2f} steps/s after the first call, "
           f"{args.steps / elapsed:.2f} steps/s overall)")
     print(f"compiled graphs: {stats.graphs}; cap growths: {len(stats.growths)}; unexplained recompiles: {len(stats.unexplained)}")
+    if wrapped.store is not None:
+        print(_store_line(stats))
     print("fill: " + ", ".join(f"{k} {stats.fill[k]:.2f} (cap {stats.caps[k]})" for k in sorted(stats.fill)))
     caps_out = args.caps
     if caps_out is None:
@@ -453,14 +459,111 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Compile arguments: backend, compile store, background compiles."""
+    options: dict[str, Any] = {"backend": args.backend}
+    if not args.no_compile_cache:
+        options["compile_cache"] = args.compile_cache
+        if getattr(args, "background_compile", None) is not None:
+            options["background_compile"] = args.background_compile
+    return options
+
+
+def _store_line(stats: Any) -> str:
+    return (f"compile store: {stats.graphs_compiled} graph(s) compiled in {stats.compile_seconds:.1f} s, "
+            f"{stats.graphs_loaded} loaded in {stats.load_seconds:.1f} s ({stats.store_hits} hits, "
+            f"{stats.store_misses} misses); background compiles: {stats.background_started} started, "
+            f"{stats.background_used} used")
+
+
+def cmd_precompile(args: argparse.Namespace) -> int:
+    """Compile the system's caps and the next ``--ladder`` buckets into the store."""
+    adapter = _adapter(args.adapter, args.verbose)
+    if args.ladder < 0:
+        raise CliError(f"--ladder must be >= 0, got {args.ladder}")
+    if args.no_compile_cache:
+        raise CliError("precompile writes into the compile store; drop --no-compile-cache")
+    device = _device(args.device)
+    dtype = _dtype(adapter, args.dtype)
+    atoms = _system(adapter, args.system)
+    model, what = _model(adapter, args.model, dtype, device, atoms, args.verbose)
+    _check_fits(adapter, model, atoms)
+
+    from ddpad import wrap
+    from ddpad._background import ladder
+
+    wrapped = wrap(model, adapter, caps=_load_caps(args.caps), compile_cache=args.compile_cache,
+                   backend=args.backend, on_recompile="ignore")
+    data = adapter.build_input(model, atoms)
+    print(f"ddpad precompile {adapter.name}: {what}, device {device}, {dtype}, store {args.compile_cache}")
+    t0 = time.perf_counter()
+    wrapped(data, **adapter.call_options(False))
+    resolved = wrapped.last_resolutions
+    print(f"caps {wrapped.caps}: {time.perf_counter() - t0:.1f} s", flush=True)
+    for caps in ladder(wrapped.caps, resolved, args.ladder):
+        wrapped.load_caps(caps)
+        t0 = time.perf_counter()
+        wrapped(adapter.build_input(model, atoms), **adapter.call_options(False))
+        print(f"caps {wrapped.caps}: {time.perf_counter() - t0:.1f} s", flush=True)
+    print(_store_line(wrapped.stats))
+    return 0
+
+
+def _bench_compile_store(args: argparse.Namespace) -> int:
+    """Cold / store-only / warm first calls and the growing trajectory, each
+    in fresh processes with empty caches; a JSON report and a plot."""
+    from ._warmstart import (
+        format_growing,
+        format_warm_start,
+        growing,
+        plot_growing,
+        warm_start,
+    )
+
+    adapter = _adapter(args.adapter, args.verbose)
+    device = _device(args.device)
+    dtype = args.dtype
+    print(f"ddpad bench {adapter.name} --compile-store: fresh processes, empty stores and Inductor caches "
+          f"(several compiles: minutes on a CPU)", flush=True)
+    warm = warm_start(adapter.name, backend=args.backend, device=device, dtype=dtype)
+    print(format_warm_start(adapter.name, warm), flush=True)
+    grow = growing(adapter.name, steps=args.steps, backend=args.backend, device=device, dtype=dtype)
+    print(format_growing(adapter.name, grow), flush=True)
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump({"adapter": adapter.name, "device": device, "warm_start": warm, "growing": grow}, fh, indent=1)
+    plot_growing(adapter.name, grow, args.plot)
+    print(f"report written to {args.out}, plot to {args.plot}")
+    return 0
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def _bench_overhead(args: argparse.Namespace) -> int:
+    """ddpad's own per-call host cost against the bare model, per built-in padder and size."""
+    from ._overhead import QUICK_CALLS, QUICK_SIZES, format_table, overhead_table
+
+    sizes = tuple(args.sizes) if args.sizes else QUICK_SIZES if args.quick else (20, 100, 1000, 10000, 100000)
+    calls = args.calls if args.calls is not None else QUICK_CALLS if args.quick else 50
+    if min(sizes) < 1 or calls < 1:
+        raise CliError(f"--sizes and --calls must be >= 1, got {list(sizes)} and {calls}")
+    print(f"ddpad bench --overhead: PaddedModel(compile=False) around a trivial model, {calls} calls per "
+          "median, one thread; overhead = wrapped - model; clone = {k: v.clone()} of the input", flush=True)
+    print(format_table(overhead_table(sizes, calls)))
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Eager, unpadded compiles and ddpad on one fluctuating trajectory."""
     from ._bench import VARIANTS, fluctuating_trajectory, plot, run_bench
 
+    if args.overhead:
+        return _bench_overhead(args)
+    if args.adapter is None:
+        raise CliError("ddpad bench needs an adapter name (see 'ddpad list'), or --overhead")
+    if args.compile_store:
+        return _bench_compile_store(args)
     adapter = _adapter(args.adapter, args.verbose)
     if args.steps < 2:
         raise CliError(f"--steps must be >= 2, got {args.steps}")
@@ -552,10 +655,20 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
                              "compile, for trying things out); default: inductor")
 
 
+
+def _store_arguments(parser: argparse.ArgumentParser) -> None:
+    """The compile-store options ``run`` and ``precompile`` share."""
+    parser.add_argument("--compile-cache", metavar="DIR", default=os.path.join(_cache_dir(), "compile"),
+                        help="compile store: what compiling produced, loaded by later runs instead of "
+                             f"compiling (default: {os.path.join(_cache_dir(), 'compile')})")
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        help="neither read nor write the compile store (default: use it)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddpad", description=DESCRIPTION)
     _verbose_option(parser, False)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,run,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,run,precompile,bench}")
 
     p_list = sub.add_parser("list", help="adapters, whether their model package is installed, install hints",
                             description="Every adapter, whether its model package is installed, and how to install it.")
@@ -568,6 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compiled, padded Langevin MD at 300 K, 0.5 fs steps, under ASE. Prints steps/s, compiled "
                     "graphs, cap growths and fill; writes the caps for a warm restart.")
     _common_options(p_run)
+    _store_arguments(p_run)
     p_run.add_argument("--steps", type=int, default=200, help="MD steps (default: 200)")
     p_run.add_argument("--no-compile", action="store_true",
                        help="pad but run eagerly, no torch.compile (default: compile)")
@@ -579,8 +693,26 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write every N-th step to --traj (default: 10)")
     p_run.add_argument("--json", metavar="FILE",
                        help="write the run's numbers (timings, graphs, growths, fill) here (default: none)")
+    p_run.add_argument("--background-compile", type=float, default=0.9, metavar="FILL",
+                       help="when a cap's fill passes FILL, compile its next bucket in a worker process, "
+                            "so the growth only loads (default: 0.9)")
+    p_run.add_argument("--no-background-compile", dest="background_compile", action="store_const", const=None,
+                       help="no background compiles (default: on)")
     _verbose_option(p_run, argparse.SUPPRESS)
     p_run.set_defaults(func=cmd_run)
+
+    p_pre = sub.add_parser(
+        "precompile", help="compile a model's caps and the next growth buckets into the compile store",
+        description="Compile the adapter's model at the system's caps (or --caps) and at the next --ladder "
+                    "caps a growing system reaches (one cap growth per rung, in the order a system growing "
+                    "uniformly overflows them) into the compile store, so a later run whose system grows "
+                    "loads instead of compiling.")
+    _common_options(p_pre)
+    _store_arguments(p_pre)
+    p_pre.add_argument("--ladder", type=int, default=2, metavar="K", help="cap growths to compile beyond the first caps (default: 2)")
+    p_pre.add_argument("--caps", metavar="FILE.json", help="start from these caps, a caps file from ddpad run (default: the system's own caps)")
+    _verbose_option(p_pre, argparse.SUPPRESS)
+    p_pre.set_defaults(func=cmd_precompile)
 
     p_bench = sub.add_parser(
         "bench", help="eager / unpadded torch.compile / ddpad on one fluctuating trajectory",
@@ -590,6 +722,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "a 2-core CPU (compiles dominate); for a quick look: --steps 20 --variants "
                     "eager,compile-dynamic,ddpad.")
     _common_options(p_bench)
+    adapter_arg = next(a for a in p_bench._actions if a.dest == "adapter")
+    adapter_arg.nargs = "?"  # not needed with --overhead (checked in cmd_bench)
+    p_bench.add_argument("--overhead", action="store_true",
+                         help="instead: time ddpad's own per-call host cost (pad, unpad, cap resolution, "
+                              "bookkeeping) for every built-in padder against the bare model and a clone of "
+                              "the input, and print the table (no adapter needed; default: off)")
+    p_bench.add_argument("--quick", action="store_true", help="with --overhead: 20 / 100 / 1,000 atoms, 10 calls (default: off)")
+    p_bench.add_argument("--sizes", type=int, nargs="+", metavar="N",
+                         help="with --overhead: atom counts (default: 20 100 1000 10000 100000)")
+    p_bench.add_argument("--calls", type=int, metavar="N", help="with --overhead: timed calls per median (default: 50)")
     p_bench.add_argument("--repeat", type=int, default=1, metavar="N",
                          help="N x N x N supercell of a periodic system, to scale it up (default: 1)")
     p_bench.add_argument("--steps", type=int, default=60, help="trajectory length (default: 60)")
@@ -601,6 +743,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--variants", metavar="A,B,...",
                          help="comma-separated subset of eager, compile-static, compile-dynamic, "
                               "compile-default, native-padding, ddpad (default: all)")
+    p_bench.add_argument("--compile-store", action="store_true",
+                         help="instead: first calls cold / from the store / warm, and a system growing by one "
+                              "atom every 5 steps (--steps) with and without background compiles, each in fresh "
+                              "processes (default: off)")
     p_bench.add_argument("--out", default="ddpad-bench.json", metavar="FILE",
                          help="JSON report (default: ddpad-bench.json)")
     p_bench.add_argument("--plot", default="ddpad-bench.png", metavar="FILE",

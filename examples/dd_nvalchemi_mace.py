@@ -50,6 +50,8 @@ def main() -> None:
     parser.add_argument("--cells", type=int, nargs=3, default=(4, 2, 2), help="diamond unit cells")
     parser.add_argument("--drift", type=float, default=0.05, help="x velocity added, A/fs")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
+    parser.add_argument("--compile-cache", metavar="DIR",
+                        help="compile store shared by the ranks: one compiles, the others load (default: none)")
     parser.add_argument("--padder", choices=("ddpad", "nvalchemi"), default="ddpad",
                         help="nvalchemi: its built-in padder, for comparison")
     parser.add_argument("--eager", action="store_true",
@@ -95,7 +97,8 @@ def main() -> None:
         if compile:
             # DomainParallel (0.2) compiles with inductor and takes no compile options:
             # hand its DistributedModel the backend, counting graphs into `stats`
-            md._dist_model._dd_compile_kwargs = {"backend": ddpad.counting_backend(stats, args.backend)}
+            store = {"compile_cache": args.compile_cache, "model": model} if args.compile_cache else {}
+            md._dist_model._dd_compile_kwargs = {"backend": ddpad.counting_backend(stats, args.backend, **store)}
         energies, owned = [], []
         exchange = contextlib.nullcontext() if cuda else gloo_exchange()
         with exchange:
@@ -135,13 +138,16 @@ def main() -> None:
 
     info = [None] * world
     dist.all_gather_object(info, {"graphs": stats.graphs, "caps": dict(md._dist_model._cap_state),
+                                  "compiled": stats.graphs_compiled, "compile_s": stats.compile_seconds,
+                                  "loaded": stats.graphs_loaded, "load_s": stats.load_seconds,
                                   "owned": (min(owned), max(owned)) if owned else None,
                                   "collectives": padder.collectives if padder is not None else "n/a"})
     if rank == 0:
         print(f"ranks: {world} ({device.type}), padder: {'none (eager)' if args.eager else args.padder}, atoms: {len(atoms)}, "
               f"first step{'' if args.eager else ' (compile)'}: {first:.1f} s, steps/s: {rate:.2f}")
         for r, row in enumerate(info):
-            print(f"rank {r}: {row['graphs']} compiled graphs, caps {row['caps']}, "
+            print(f"rank {r}: {row['graphs']} compiled graphs ({row['compiled']} compiled in {row['compile_s']:.1f} s, "
+                  f"{row['loaded']} loaded in {row['load_s']:.1f} s), caps {row['caps']}, "
                   f"owned atoms {row['owned']}, ddpad cap all-reduces {row['collectives']}")
     dist.destroy_process_group()
 

@@ -73,6 +73,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
     parser.add_argument("--no-pad", action="store_true", help="compile without ddpad padding")
+    parser.add_argument("--compile-cache", metavar="DIR",
+                        help="compile store shared by the ranks: one compiles, the others load (default: none)")
     parser.add_argument("--json", help="write thermo and per-rank stats here (rank 0)")
     args = parser.parse_args()
 
@@ -115,7 +117,8 @@ def main() -> None:
         thermo_style custom step temp pe ke etotal press
         thermo 1
     """)
-    potential = Potential(lmp, model, mace, ["C"], pad=not args.no_pad, backend=args.backend)
+    store = {"compile_cache": args.compile_cache} if args.compile_cache else {}
+    potential = Potential(lmp, model, mace, ["C"], pad=not args.no_pad, backend=args.backend, **store)
 
     thermo = []
 
@@ -136,6 +139,8 @@ def main() -> None:
     stats = potential.stats
     ranks = comm.gather({
         "graphs": stats.graphs, "growths": len(stats.growths), "caps": stats.caps,
+        "graphs_compiled": stats.graphs_compiled, "graphs_loaded": stats.graphs_loaded,
+        "compile_s": stats.compile_seconds, "load_s": stats.load_seconds,
         "ghosts": [r.n_ghost for r in potential.records],
         "local": [r.n_local for r in potential.records],
         "callback_seconds": potential.log.seconds,
@@ -146,7 +151,8 @@ def main() -> None:
             print("  step {step:4.0f}  T {temp:8.2f} K  pe {pe:12.6f}  etotal {etotal:12.6f}  press {press:10.2f} bar".format(**row))
         print("step 0 vs the eager model on the whole periodic system: " + ", ".join(f"{k} {v:.1e}" for k, v in check.items()))
         for rank, info in enumerate(ranks):
-            print(f"rank {rank}: {info['graphs']} compiled graphs, {info['growths']} growths, caps {info['caps']}, "
+            print(f"rank {rank}: {info['graphs']} graphs ({info['graphs_compiled']} compiled in {info['compile_s']:.1f} s, "
+                  f"{info['graphs_loaded']} loaded in {info['load_s']:.1f} s), {info['growths']} growths, caps {info['caps']}, "
                   f"local atoms {min(info['local'])}-{max(info['local'])}, ghosts {min(info['ghosts'])}-{max(info['ghosts'])}")
         if args.json:
             with open(args.json, "w") as fh:

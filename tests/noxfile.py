@@ -15,6 +15,7 @@ CONSTRAINTS = str(ROOT / "tests" / "constraints.txt")
 
 nox.options.sessions = [
     "core", "aimnet2", "mace", "uma", "nvalchemi", "lammps", "sevennet", "nequip", "allegro", "orb",
+    "mattersim",
 ]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
@@ -128,3 +129,13 @@ def allegro(session: nox.Session) -> None:
 def orb(session: nox.Session) -> None:
     """The Orb adapter against orb-models."""
     _adapter_session(session, "orb", "tests/test_orb.py", "tests/test_registry.py")
+
+
+@nox.session(python="3.11")
+def mattersim(session: nox.Session) -> None:
+    """The MatterSim adapter against mattersim."""
+    _install(session, "mattersim,test")
+    # mattersim pulls in torchvision, which fails to import beside the pinned
+    # CPU torch ('torchvision::nms does not exist') and breaks torchmetrics
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", silent=True)
+    session.run("python", "-m", "pytest", "tests/test_mattersim.py", "tests/test_registry.py", *_pytest_args(session))

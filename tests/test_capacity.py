@@ -133,3 +133,22 @@ def test_agreement_over_a_custom_reducer_is_one_call_per_resolution() -> None:
         assert single is None
         resolve_caps({}, {"atoms": (1, policies["atoms"])})
     assert len(calls) == 1
+
+
+def test_steady_calls_record_and_respect_ceilings() -> None:
+    """The fast path of a call that changes nothing still records its
+    resolutions, and leaves a cap above its ceiling to the general path."""
+    policy = CapPolicy(1.15, strict_gt=False)
+    state = {"atoms": 64}
+    with record_resolutions() as res:
+        assert resolve_caps(state, {"atoms": (40, policy)}) == {"atoms": 64}
+    assert [(r.key, r.real, r.need, r.old_cap, r.cap, r.grew) for r in res] == [("atoms", 40, 40, 64, 64, False)]
+    with ddpad.cap_ceilings({"atoms": 32}):
+        assert resolve_caps(state, {"atoms": (20, policy)}) == {"atoms": 64}  # fits the ceiling: kept
+        with pytest.raises(ddpad.CapacityError, match="ceiling is 32"):
+            resolve_caps(state, {"atoms": (40, policy)})
+    assert resolve_caps(state, {"atoms": (64, policy)}) == {"atoms": 96}  # not strict: 64 overflows 64
+    with pytest.raises(ValueError, match="integer count"):
+        resolve_caps(state, {"atoms": (True, policy)})
+    with pytest.raises(ValueError, match=">= 0"):
+        resolve_caps(state, {"atoms": (-1, policy)})

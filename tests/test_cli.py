@@ -147,11 +147,27 @@ def test_help_is_plain_and_every_option_says_its_default() -> None:
     top = parser.format_help()
     assert "``" not in top and "bench" in top and "run" in top and "list" in top
     subparsers = next(a for a in parser._actions if a.dest == "command").choices
-    for command in ("run", "bench"):
+    for command in ("run", "bench", "precompile"):
         for action in subparsers[command]._actions:
             if action.dest in ("help", "adapter"):
                 continue
             assert action.help and "default" in action.help, (command, action.option_strings)
+
+
+def test_a_dtype_the_model_package_refuses_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import dataclasses
+
+    from ddpad import adapters
+
+    def float32_only(dtype: object = None, device: str = "cpu") -> None:
+        raise ValueError("runs in float32 only (it casts inside forward); got torch.float64")
+
+    refusing = dataclasses.replace(adapters.get("toy"), random_model=float32_only)
+    monkeypatch.setattr(cli, "_adapter", lambda name, verbose=False: refusing)
+    assert cli.main(["run", "toy", "--dtype", "float64", "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddpad: error: toy: runs in float32 only"), err
 
 
 def test_known_third_party_noise_is_silenced_own_warnings_stay() -> None:

@@ -30,7 +30,7 @@ def _launch(out: pathlib.Path, ranks: int, *args: str, timeout: float = 420) -> 
 
 def _mpirun(tmp_path: pathlib.Path, ranks: int, *args: str, timeout: float = 420) -> dict:
     """Run the example on ``ranks`` MPI ranks; return its JSON report."""
-    out = tmp_path / f"np{ranks}{'-'.join(args)}.json"
+    out = tmp_path / f"np{ranks}{'-'.join(args).replace('/', '_')}.json"
     cmd, proc = _launch(out, ranks, *args, timeout=timeout)
     if proc.returncode != 0:
         errors = "\n".join(line for line in proc.stderr.splitlines() if "Warning" not in line and "return visitor" not in line)
@@ -141,3 +141,22 @@ def test_mpi_exchange_wait_is_bounded(tmp_path: pathlib.Path) -> None:
     raised = [line for line in proc.stdout.splitlines() if line.startswith("raised after")]
     assert raised and "the MPI cap exchange at LAMMPS step 7 timed out after 2 s" in raised[0], proc.stdout
     assert 1.5 < float(raised[0].split()[2]) < 10
+
+
+@pytest.mark.inductor
+def test_two_ranks_compile_once_through_a_shared_store(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor on 2 ranks with empty Inductor caches: without a store both
+    ranks compile the same graph; with one shared store one rank compiles it
+    and the other waits for the entry and loads it."""
+    runs = {}
+    for name, extra in (("alone", ()), ("shared", ("--compile-cache", str(tmp_path / "store")))):
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / f"inductor-{name}"))
+        runs[name] = _mpirun(tmp_path, 2, "--steps", "3", "--backend", "inductor", *extra, timeout=3600)["ranks"]
+    for name, ranks in runs.items():
+        print(name, [(r["graphs_compiled"], round(r["compile_s"], 1), r["graphs_loaded"], round(r["load_s"], 1)) for r in ranks])
+    shared = runs["shared"]
+    graphs = max(r["graphs"] for r in shared)
+    assert all(r["graphs"] == graphs for r in shared)
+    assert sum(r["graphs_compiled"] for r in shared) == graphs  # each graph compiled on one rank only
+    assert sum(r["compile_s"] for r in shared) <= 1.2 * max(r["compile_s"] for r in shared)
+    assert sum(r["graphs_compiled"] for r in runs["alone"]) == 2 * graphs

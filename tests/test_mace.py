@@ -214,3 +214,19 @@ class TestMACEConformance(AdapterTests):
         steps: list[Any] = [structure(s, rng) for s in range(5)]
         steps.insert(3, [structure(10, rng, (1, 1, 1)), structure(11, rng)])  # a batch: systems change
         return steps
+
+
+def test_a_restarted_compile_is_still_timed_and_stored(tmp_path: pathlib.Path) -> None:
+    """MACE's energy-only call (forces by the caller's autograd, as the LAMMPS
+    engine calls it) makes AOTAutograd restart Dynamo's analysis from inside
+    the backend; the retried compile must still be timed and go through the
+    compile store (it was counted as neither compiled nor loaded)."""
+    model = random_model()
+    adapter = adapters.get("mace")
+    evaluator = ddpad.Evaluator(model, adapter, backend="aot_eager", compile_cache=tmp_path)
+    data = evaluator.build(structure(0, np.random.default_rng(0)))
+    data["positions"] = data["positions"].detach().requires_grad_(True)
+    assert evaluator.wrapped is not None
+    evaluator.wrapped(data, **adapter.energy_only_options)
+    stats = evaluator.wrapped.stats
+    assert stats.graphs == 1 and stats.graphs_compiled == 1 and stats.store_misses == 1

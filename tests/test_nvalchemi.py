@@ -365,3 +365,31 @@ def test_example_total_energy_matches_the_eager_dd_reference() -> None:
     assert len(compiled) == len(eager) == 3
     np.testing.assert_allclose(compiled, eager, rtol=0, atol=1e-8)
     assert all(e < -100 for e in compiled)  # all 128 atoms, not a rank's half
+
+
+@pytest.mark.inductor
+def test_two_ranks_compile_once_through_a_shared_store(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor on 2 gloo ranks with empty Inductor caches: with a shared
+    compile store one rank compiles each graph, the other loads it."""
+    import re
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    torchrun = pathlib.Path(sys.executable).parent / "torchrun"
+    runs = {}
+    for name, extra in (("alone", []), ("shared", ["--compile-cache", str(tmp_path / "store")])):
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / f"inductor-{name}"))
+        cmd = [str(torchrun), "--nproc-per-node", "2", str(root / "examples" / "dd_nvalchemi_mace.py"),
+               "--steps", "3", "--backend", "inductor", *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs[name] = [tuple(float(x) for x in re.search(
+            r"(\d+) compiled graphs \((\d+) compiled in ([\d.]+) s, (\d+) loaded in ([\d.]+) s\)", line).groups())
+            for line in proc.stdout.splitlines() if line.startswith("rank ")]
+        print(name, runs[name])
+    shared = runs["shared"]
+    graphs = shared[0][0]
+    assert len(shared) == 2 and all(r[0] == graphs for r in shared)
+    assert sum(r[1] for r in shared) == graphs  # each graph compiled on one rank only
+    assert sum(r[2] for r in shared) <= 1.2 * max(r[2] for r in shared)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import collections
+import dataclasses
 
-from ddpad._overhead import PADDERS, QUICK_SIZES, format_table, overhead_table
+import pytest
+import torch
+
+from ddpad import PaddedModel, RecompileError, _capacity
+from ddpad._overhead import PADDERS, QUICK_SIZES, _Trivial, format_table, overhead_table
 
 COLUMNS = {"padder", "atoms", "edges", "bare_us", "wrapped_us", "overhead_us", "pad_us", "clone_us",
            "pad_per_clone", "overhead_per_clone"}
@@ -31,3 +36,71 @@ def test_padding_a_thousand_atoms_costs_a_few_copies(rows: list[dict]) -> None:
     for r in rows:
         if r["atoms"] == 1000 and r["padder"] in ("coo", "coo-uma"):
             assert r["pad_per_clone"] < 10, r
+
+
+def _trivial(name: str = "coo", n: int = 20, **kw: object) -> tuple[PaddedModel, dict]:
+    make, build, positions = PADDERS[name]
+    return PaddedModel(_Trivial(positions), make(), **kw), build(n, torch.Generator().manual_seed(n))  # type: ignore[arg-type]
+
+
+class _CountingItems(collections.defaultdict):
+    """Dynamo's guard-failure map, counting the scans of it."""
+
+    scans = 0
+
+    def items(self):  # type: ignore[no-untyped-def]
+        type(self).scans += 1
+        return super().items()
+
+
+def test_steady_calls_build_no_resolutions_and_scan_no_guard_failures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call that changes no cap allocates no CapResolution and does not
+    scan Dynamo's guard failures (nothing was converted since the last
+    call); its fills are still the real counts over the caps."""
+    wrapped, data = _trivial()
+    wrapped(data)
+    wrapped(data)  # a first call may convert a frame somewhere (a recount on the next one)
+    built: list[object] = []
+
+    @dataclasses.dataclass(frozen=True)
+    class Counted(_capacity.CapResolution):
+        def __post_init__(self) -> None:
+            built.append(self)
+
+    failures = _CountingItems(list, torch._dynamo.utils.guard_failures)
+    monkeypatch.setattr(torch._dynamo.utils, "guard_failures", failures)
+    monkeypatch.setattr(_capacity, "CapResolution", Counted)
+    for _ in range(3):
+        wrapped(data)
+    assert built == [] and _CountingItems.scans == 0
+    n, e = data["positions"].shape[0], data["edge_index"].shape[1]
+    caps = wrapped.caps
+    assert wrapped.stats.fill == {"atoms": n / caps["atoms"], "edges": e / caps["edges"], "systems": 2 / caps["systems"]}
+    wrapped(dict(data, edge_index=data["edge_index"].repeat(1, 2), unit_shifts=data["unit_shifts"].repeat(2, 1)))
+    assert sorted(r.key for r in built) == ["atoms", "edges", "systems"]  # a growth: recorded as before
+    assert [(g.key, g.old) for g in wrapped.stats.growths] == [("edges", caps["edges"])]
+
+
+def test_strict_mode_reasons_are_this_calls_only() -> None:
+    """The guard-failure count is kept between calls: a recompile elsewhere
+    in between must not reach the reasons of this model's recompile."""
+    wrapped, data = _trivial(backend="eager", on_recompile="raise")
+    wrapped(data)
+    wrapped(data)
+    foreign = torch.compile(lambda foreign_arg: foreign_arg * 2, backend="eager", dynamic=False)
+    foreign(torch.ones(3))
+    foreign(torch.ones(3, dtype=torch.float64))  # a guard failure of another frame
+    wrapped(data)
+    with pytest.raises(RecompileError, match="no cap changed") as err:
+        wrapped(dict(data, positions=data["positions"].float()))
+    assert "foreign_arg" not in str(err.value) and "positions" in str(err.value)
+
+
+def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    from ddpad.cli import main
+
+    assert main(["bench", "--overhead", "--quick", "--calls", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("padder"))
+    rows = [line.split()[:2] for line in lines[head + 1:]]
+    assert rows == [[p, f"{n:,}"] for p in PADDERS for n in QUICK_SIZES]

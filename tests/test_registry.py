@@ -40,7 +40,7 @@ def test_unknown_name_lists_known() -> None:
         adapters.get("nope")
 
 
-@pytest.mark.parametrize("name", ["mace", "uma", "aimnet2", "sevennet", "nequip", "allegro", "orb"])
+@pytest.mark.parametrize("name", ["mace", "uma", "aimnet2", "sevennet", "nequip", "allegro", "orb", "mattersim"])
 def test_builtin_missing_package_names_the_extra(name: str) -> None:
     try:
         adapters.get(name)

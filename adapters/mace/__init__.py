@@ -33,6 +33,7 @@ from torch import Tensor
 
 from ddpad import COOPadder, Fill
 from ddpad.adapters import Adapter
+from ddpad.adapters._systems import diamond_carbon
 
 __all__ = ["ADAPTER", "build_input", "default_system", "load_model", "make_padder", "prepare_model", "random_model"]
 
@@ -236,13 +237,7 @@ def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
     return model
 
 
-def default_system() -> Any:
-    """Periodic bulk: a rattled 2x2x2 diamond-carbon supercell (64 atoms)."""
-    from ase.build import bulk
-
-    atoms = bulk("C", "diamond", a=3.57, cubic=True) * (2, 2, 2)
-    atoms.rattle(0.05, seed=0)
-    return atoms
+default_system = diamond_carbon
 
 
 ADAPTER = Adapter(

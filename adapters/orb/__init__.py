@@ -54,6 +54,7 @@ from typing import Any
 import torch
 from ddpad import COOPadder, Fill
 from ddpad.adapters import Adapter
+from ddpad.adapters._systems import diamond_carbon
 from torch import Tensor
 
 __all__ = [
@@ -475,13 +476,7 @@ def load_model(path: str, device: str = "cpu", *, architecture: str | None = Non
     return model
 
 
-def default_system() -> Any:
-    """Periodic bulk: a rattled 2x2x2 diamond-carbon supercell (64 atoms)."""
-    from ase.build import bulk
-
-    atoms = bulk("C", "diamond", a=3.57, cubic=True) * (2, 2, 2)
-    atoms.rattle(0.05, seed=0)
-    return atoms
+default_system = diamond_carbon
 
 
 ADAPTER = Adapter(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -108,11 +109,15 @@ class _Accounting:
         self.collectives = 0
         self._pads = 0
 
-    def compile_kwargs(self, backend: str = "inductor", **options: Any) -> dict[str, Any]:
+    def compile_kwargs(self, backend: str = "inductor", *, compile_cache: str | os.PathLike[str] | None = None,
+                       model: torch.nn.Module | None = None, **options: Any) -> dict[str, Any]:
         """``compile_kwargs`` for nvalchemi's ``DistributedModel``: compile
         with ``backend`` and count graphs into :attr:`stats`
-        (``stats.graphs_by_call`` is keyed by this padder's pad count)."""
-        return {"backend": counting_backend(self.stats, backend, **options)}
+        (``stats.graphs_by_call`` is keyed by this padder's pad count).
+        With ``compile_cache`` (and the ``model`` compiled, for its key) the
+        graphs go through a compile store: the ranks sharing it compile each
+        graph once (one compiles, the others wait and load)."""
+        return {"backend": counting_backend(self.stats, backend, compile_cache=compile_cache, model=model, **options)}
 
     @contextlib.contextmanager
     def _accounted(self) -> Iterator[None]:

@@ -1,0 +1,223 @@
+"""Cold vs warm first calls, and a growing system with and without background
+compiles, each in a fresh process (``ddpad bench ADAPTER --compile-store``).
+
+Three fresh processes run the adapter's default model and system once
+through ``ddpad.wrap(..., compile_cache=STORE)``:
+
+- ``cold``: an empty store and an empty Inductor cache directory;
+- ``store``: the store the cold run filled, an empty Inductor cache (another
+  machine or container: on a CPU, Inductor rebuilds the C++ kernels from the
+  stored source; a GPU's Triton kernels travel in the entry);
+- ``warm``: the store and the Inductor cache the cold run filled (a restart
+  on the same machine).
+
+Each reports the first call's wall time (imports excluded), what compiled
+and loaded, and the energy, which must be bit-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+__all__ = [
+    "first_call", "format_growing", "format_warm_start", "growing", "growing_run", "plot_growing", "precompile_run",
+    "warm_start",
+]
+
+
+def first_call(adapter_name: str, store: str, backend: str, device: str, dtype: str | None) -> dict[str, Any]:
+    """One first call in this process (the child's side)."""
+    import ddpad
+    import torch
+    from ddpad import adapters
+
+    adapter = adapters.get(adapter_name)
+    torch.manual_seed(0)
+    model = adapter.random_model(getattr(torch, dtype) if dtype else None, device)
+    data = adapter.build_input(model, adapter.default_system())
+    wrapped = ddpad.wrap(model, adapter, compile_cache=store, backend=backend)
+    t0 = time.perf_counter()
+    out = adapter.flat(wrapped(data))
+    seconds = time.perf_counter() - t0
+    energy = out[adapter.flat_energy_key].detach().double().cpu()
+    s = wrapped.stats
+    return {
+        "first_call_s": seconds, "graphs_compiled": s.graphs_compiled, "graphs_loaded": s.graphs_loaded,
+        "compile_s": s.compile_seconds, "load_s": s.load_seconds, "store_hits": s.store_hits,
+        "energy": energy.tolist(),
+    }
+
+
+def _child(adapter: str, store: str, inductor: str, backend: str, device: str, dtype: str | None) -> dict[str, Any]:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor}
+    code = ("import json, sys; from ddpad._warmstart import first_call; "
+            "print('RESULT' + json.dumps(first_call(*sys.argv[1:5], sys.argv[5] or None)))")
+    res = subprocess.run([sys.executable, "-c", code, adapter, store, backend, device, dtype or ""],
+                         env=env, capture_output=True, text=True, check=False)
+    lines = [line for line in res.stdout.splitlines() if line.startswith("RESULT")]
+    if res.returncode != 0 or not lines:
+        raise RuntimeError(f"ddpad: the warm-start child for {adapter} failed:\n{res.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT"):])
+
+
+def warm_start(adapter: str, *, backend: str = "inductor", device: str = "cpu", dtype: str | None = None,
+               workdir: str | None = None) -> dict[str, dict[str, Any]]:
+    """Run the cold, store-only and warm first calls; returns each one's result."""
+    with tempfile.TemporaryDirectory(prefix="ddpad-warm-", dir=workdir) as tmp:
+        root = pathlib.Path(tmp)
+        store, cold_cache, fresh_cache = (str(root / name) for name in ("store", "inductor-cold", "inductor-fresh"))
+        results = {"cold": _child(adapter, store, cold_cache, backend, device, dtype)}
+        results["store"] = _child(adapter, store, fresh_cache, backend, device, dtype)
+        results["warm"] = _child(adapter, store, cold_cache, backend, device, dtype)
+    return results
+
+
+def format_warm_start(adapter: str, results: dict[str, dict[str, Any]]) -> str:
+    """A table: first-call seconds, ratio to cold, graphs compiled / loaded,
+    and whether the energies are bit-identical to the cold run's."""
+    cold = results["cold"]
+    rows = [f"{adapter}: first call in a fresh process",
+            f"{'run':<6} {'first call s':>12} {'x cold':>7} {'compiled':>8} {'loaded':>6} {'identical':>9}"]
+    for name, r in results.items():
+        rows.append(f"{name:<6} {r['first_call_s']:>12.2f} {r['first_call_s'] / cold['first_call_s']:>7.3f} "
+                    f"{r['graphs_compiled']:>8} {r['graphs_loaded']:>6} {r['energy'] == cold['energy']!s:>9}")
+    return "\n".join(rows)
+
+
+def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype: str | None, steps: int,
+                every: int, background: float | None) -> dict[str, Any]:
+    """A trajectory that gains one atom every ``every`` steps (a displaced
+    copy of a random atom), each step timed (the child's side)."""
+    import ddpad
+    import numpy as np
+    import torch
+    from ddpad import adapters
+
+    adapter = adapters.get(adapter_name)
+    torch.manual_seed(0)
+    model = adapter.random_model(getattr(torch, dtype) if dtype else None, device)
+    atoms = adapter.default_system()
+    rng = np.random.default_rng(0)
+    times = []
+    with ddpad.wrap(model, adapter, compile_cache=store, backend=backend, background_compile=background) as wrapped:
+        for step in range(steps):
+            if step and step % every == 0:
+                i = int(rng.integers(len(atoms)))
+                extra = atoms[i:i + 1].copy()
+                direction = rng.normal(size=3)
+                extra.positions += 1.2 * direction / np.linalg.norm(direction)
+                atoms = atoms + extra
+            frame = atoms.copy()
+            frame.positions += rng.normal(scale=0.02, size=frame.positions.shape)
+            data = adapter.build_input(model, frame)
+            t0 = time.perf_counter()
+            wrapped(data, **adapter.call_options(False))
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+    s = wrapped.stats
+    after = times[1:]
+    return {
+        "atoms": [len(adapter.default_system()), len(atoms)], "times": times, "total_s": sum(times),
+        "first_s": times[0], "max_after_first_s": max(after), "median_s": sorted(after)[len(after) // 2],
+        "growth_calls": s.growth_calls, "graphs_compiled": s.graphs_compiled, "graphs_loaded": s.graphs_loaded,
+        "compile_s": s.compile_seconds, "load_s": s.load_seconds, "background_started": s.background_started,
+        "background_used": s.background_used, "background_wasted": s.background_wasted,
+    }
+
+
+def precompile_run(adapter_name: str, store: str, backend: str, device: str, dtype: str | None,
+                   rungs: int) -> dict[str, Any]:
+    """``ddpad precompile``'s ladder for the adapter's default model and
+    system (the child's side): the caps and the next ``rungs`` growths."""
+    import ddpad
+    import torch
+    from ddpad import adapters
+    from ddpad._background import ladder
+
+    adapter = adapters.get(adapter_name)
+    torch.manual_seed(0)
+    model = adapter.random_model(getattr(torch, dtype) if dtype else None, device)
+    atoms = adapter.default_system()
+    t0 = time.perf_counter()
+    wrapped = ddpad.wrap(model, adapter, compile_cache=store, backend=backend, on_recompile="ignore")
+    wrapped(adapter.build_input(model, atoms), **adapter.call_options(False))
+    for caps in ladder(wrapped.caps, wrapped.last_resolutions, rungs):
+        wrapped.load_caps(caps)
+        wrapped(adapter.build_input(model, atoms), **adapter.call_options(False))
+    wrapped.close()
+    return {"seconds": time.perf_counter() - t0, "caps": wrapped.caps}
+
+
+def _run_child(function: str, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    code = (f"import json, sys; from ddpad._warmstart import {function}; a = json.loads(sys.argv[1]); "
+            f"print('RESULT' + json.dumps({function}(**a)))")
+    res = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], env=env, capture_output=True,
+                         text=True, check=False)
+    lines = [line for line in res.stdout.splitlines() if line.startswith("RESULT")]
+    if res.returncode != 0 or not lines:
+        raise RuntimeError(f"ddpad: the {function} child for {spec['adapter_name']} failed:\n{res.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT"):])
+
+
+def growing(adapter: str, *, steps: int = 200, every: int = 5, threshold: float = 0.9, rungs: int = 4,
+            backend: str = "inductor", device: str = "cpu", dtype: str | None = None,
+            workdir: str | None = None) -> dict[str, dict[str, Any]]:
+    """The growing trajectory in fresh processes with empty stores and
+    Inductor caches: growths compiled in the foreground; with background
+    compiles of the next bucket at ``threshold`` fill; and after a
+    ``ddpad precompile`` ladder of ``rungs`` growths (its own process,
+    timed apart as ``precompile_s``)."""
+    results = {}
+    for name in ("foreground", "background", "ladder"):
+        with tempfile.TemporaryDirectory(prefix="ddpad-grow-", dir=workdir) as tmp:
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
+            common = {"adapter_name": adapter, "store": os.path.join(tmp, "store"), "backend": backend,
+                      "device": device, "dtype": dtype}
+            precompiled = _run_child("precompile_run", {**common, "rungs": rungs}, env) if name == "ladder" else None
+            background = threshold if name == "background" else None
+            results[name] = _run_child("growing_run", {**common, "steps": steps, "every": every,
+                                                       "background": background}, env)
+            if precompiled is not None:
+                results[name]["precompile_s"] = precompiled["seconds"]
+    return results
+
+
+def format_growing(adapter: str, results: dict[str, dict[str, Any]]) -> str:
+    """A table: total, first step, slowest later step over the median, and
+    what compiled, loaded and ran in the background."""
+    first = next(iter(results.values()))
+    header = (f"{'growths':<11} {'total s':>8} {'first s':>8} {'slowest later s':>15} {'x median':>9} "
+              f"{'compiled':>8} {'loaded':>6} {'bg started/used':>15}")
+    rows = [f"{adapter}: {len(first['times'])} steps, {first['atoms'][0]} -> {first['atoms'][1]} atoms", header]
+    for name, r in results.items():
+        rows.append(f"{name:<11} {r['total_s']:>8.1f} {r['first_s']:>8.1f} {r['max_after_first_s']:>15.2f} "
+                    f"{r['max_after_first_s'] / r['median_s']:>9.1f} {r['graphs_compiled']:>8} {r['graphs_loaded']:>6} "
+                    f"{r['background_started']:>7}/{r['background_used']:<7}")
+    return "\n".join(rows)
+
+
+def plot_growing(adapter: str, results: dict[str, dict[str, Any]], path: str) -> None:
+    """Per-step wall time against step, foreground vs background growths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, r in results.items():
+        ax.semilogy(range(len(r["times"])), r["times"], label=f"growths compiled in the {name}")
+    ax.set_xlabel("step (one atom added every 5 steps)")
+    ax.set_ylabel("step wall time (s)")
+    ax.set_title(f"ddpad {adapter}: a growing system")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

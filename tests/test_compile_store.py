@@ -1,0 +1,272 @@
+"""The compile store: keys, entries, locks, background workers, and a real
+cold -> warm round trip through Inductor in fresh processes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import ddpad
+import pytest
+import torch
+from ddpad import CompileStore
+from ddpad._runtime import _store_environment
+from ddpad._store import _graph_key
+
+toy = pytest.importorskip("ddpad_toy_plugin")
+
+
+def _model(dtype: torch.dtype = torch.float64, cutoff: float = 3.0) -> torch.nn.Module:
+    return toy.Morse(cutoff).to(dtype)
+
+
+def _data(model: torch.nn.Module, n: int = 27) -> dict[str, torch.Tensor]:
+    from ase import Atoms
+
+    g = torch.stack(torch.meshgrid(*[torch.arange(3.0)] * 3, indexing="ij"), -1).reshape(-1, 3)[:n]
+    return toy.ADAPTER.build_input(model, Atoms(f"Ar{n}", positions=(g * 1.3).numpy()))
+
+
+def test_model_key_follows_architecture_dtype_and_backend_not_weights(tmp_path: pathlib.Path) -> None:
+    store = CompileStore(tmp_path)
+    env = _store_environment(toy.ADAPTER, {}, {"backend": "inductor", "dynamic": False})
+    base = store.model_key(_model(), **env)
+    retrained = _model()
+    with torch.no_grad():
+        retrained.depth.add_(0.5)
+    assert store.model_key(retrained, **env) == base  # weights are graph inputs, not code
+    assert store.model_key(_model(torch.float32), **env) != base
+    assert store.model_key(_model(cutoff=3.5), **env) != base  # a hyper-parameter Dynamo bakes in
+    other = _store_environment(toy.ADAPTER, {}, {"backend": "aot_eager", "dynamic": False})
+    assert store.model_key(_model(), **other) != base
+    assert json.loads((tmp_path / base / "model.json").read_text())["adapter"] == "toy"
+
+
+def test_graph_key_follows_caps() -> None:
+    seen: list[list[str]] = []
+
+    def capture(gm: torch.fx.GraphModule, inputs: list) -> object:
+        seen[-1].append(_graph_key("m", gm, inputs))
+        return gm.forward
+
+    model = _model()
+    for caps in ({"atoms": 32, "edges": 704, "systems": 2}, {"atoms": 32, "edges": 704, "systems": 2},
+                 {"atoms": 48, "edges": 704, "systems": 2}):
+        torch._dynamo.reset()
+        seen.append([])
+        wrapped = ddpad.wrap(model, toy.ADAPTER, caps=caps, backend=capture, on_recompile="ignore")
+        wrapped(_data(model))
+    assert seen[0] == seen[1] and not set(seen[0]) & set(seen[2])
+
+
+def test_corrupt_or_truncated_entries_are_set_aside(tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = CompileStore(tmp_path)
+    entry = store.entry("m", "g")
+    store.write(entry, b"artifacts" * 100)
+    assert store.read(entry) == b"artifacts" * 100
+    entry.write_bytes(entry.read_bytes()[:-10])  # a writer killed mid-way without the atomic rename
+    with caplog.at_level(logging.WARNING, logger="ddpad"):
+        assert store.read(entry) is None
+    assert "checksum" in caplog.text and entry.with_suffix(".corrupt").exists() and not entry.exists()
+    entry.write_bytes(b"garbage")
+    assert store.read(entry) is None and not store.load(entry)
+
+
+def test_concurrent_writers_never_leave_a_mix(tmp_path: pathlib.Path) -> None:
+    writer = textwrap.dedent("""
+        import sys; from ddpad import CompileStore
+        store = CompileStore(sys.argv[1]); entry = store.entry("m", "g")
+        for i in range(150):
+            store.write(entry, sys.argv[2].encode() * (1000 + i))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", writer, str(tmp_path), tag]) for tag in ("a", "b")]
+    store = CompileStore(tmp_path)
+    reads = 0
+    while any(p.poll() is None for p in procs):
+        payload = store.read(store.entry("m", "g"))
+        if payload is not None:
+            assert set(payload) in ({ord("a")}, {ord("b")})
+            reads += 1
+    assert all(p.returncode == 0 for p in procs) and reads > 0
+    assert not list(tmp_path.glob("m/*.corrupt"))
+
+
+def test_one_process_compiles_the_other_waits_then_loads(tmp_path: pathlib.Path) -> None:
+    holder = textwrap.dedent("""
+        import sys, time; from ddpad import CompileStore
+        store = CompileStore(sys.argv[1]); entry = store.entry("m", "g")
+        with store.lock(entry) as mine:
+            print(mine, flush=True); time.sleep(1.5); store.write(entry, b"compiled")
+        time.sleep(5)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", holder, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "True"
+        store = CompileStore(tmp_path)
+        entry = store.entry("m", "g")
+        t0 = time.monotonic()
+        with store.lock(entry) as mine:
+            assert not mine and store.read(entry) == b"compiled"  # waited, then load
+        assert time.monotonic() - t0 > 0.5
+    finally:
+        proc.wait(30)
+
+
+def test_lock_wait_is_bounded(tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    holder = textwrap.dedent("""
+        import sys, time; from ddpad import CompileStore
+        store = CompileStore(sys.argv[1]); entry = store.entry("m", "g")
+        with store.lock(entry):
+            print("held", flush=True); time.sleep(30)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", holder, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        store = CompileStore(tmp_path, wait_timeout=1.0)
+        t0 = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="ddpad"), store.lock(store.entry("m", "g")) as mine:
+            assert mine  # gave up waiting: compile here
+        assert 0.9 < time.monotonic() - t0 < 10 and "compiling here" in caplog.text
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie has exited
+        return fh.read().split()[2] != "Z"
+
+
+def test_background_worker_starts_at_the_threshold_and_close_stops_it(tmp_path: pathlib.Path) -> None:
+    model = _model()
+    wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=tmp_path, background_compile=0.5)
+    with wrapped:
+        wrapped(_data(model))
+        assert wrapped.stats.background_started >= 1  # edges fill 0.73 > 0.5
+        assert wrapped.background is not None
+        procs = list(wrapped.background.running.values())
+        assert procs and all(p.poll() is None for p in procs)
+    assert all(p.poll() is not None for p in procs)
+    assert wrapped.stats.background_wasted == wrapped.stats.background_started
+
+
+@pytest.mark.parametrize("ending", ["exception", "killed"])
+def test_background_workers_do_not_outlive_their_run(tmp_path: pathlib.Path, ending: str) -> None:
+    script = textwrap.dedent(f"""
+        import os, signal, sys, torch, ddpad, ddpad_toy_plugin as toy
+        sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})
+        from test_compile_store import _data, _model
+        model = _model()
+        wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=sys.argv[1],
+                             background_compile=0.5)
+        wrapped(_data(model))
+        print(" ".join(str(p.pid) for p in wrapped.background.running.values()), flush=True)
+        if {ending!r} == "killed":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError("the MD loop failed")
+    """)
+    res = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         check=False)
+    pids = [int(p) for p in res.stdout.split()]
+    assert pids, res.stderr[-2000:]
+    if ending == "exception":
+        assert "the MD loop failed" in res.stderr
+    else:
+        assert res.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 90  # a worker notices after its imports
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in pids)
+
+
+_FIRST_CALL = textwrap.dedent("""
+    import json, sys, time, torch, ddpad, ddpad_toy_plugin as toy
+    sys.path.insert(0, sys.argv[2])
+    from test_compile_store import _data, _model
+    model = _model()
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_cache=sys.argv[1], on_recompile="raise")
+    out = wrapped(_data(model))
+    s = wrapped.stats
+    print(json.dumps({"compiled": s.graphs_compiled, "loaded": s.graphs_loaded, "hits": s.store_hits,
+                      "misses": s.store_misses, "energy": out["energy"].tolist(), "forces": out["forces"].tolist()}))
+""")
+
+
+@pytest.mark.inductor
+def test_a_warm_process_loads_every_graph_and_matches_bit_for_bit(tmp_path: pathlib.Path) -> None:
+    """Inductor, two fresh processes with their own (empty) Inductor caches:
+    the second compiles nothing and returns the same bits."""
+    runs = []
+    for name in ("cold", "warm"):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{name}")}
+        res = subprocess.run([sys.executable, "-c", _FIRST_CALL, str(tmp_path / "store"),
+                              str(pathlib.Path(__file__).parent)], env=env, capture_output=True, text=True, check=False,
+                             timeout=900)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["compiled"] >= 1 and cold["loaded"] == 0 and cold["misses"] == cold["compiled"]
+    assert warm["compiled"] == 0 and warm["loaded"] == cold["compiled"] and warm["hits"] == cold["compiled"]
+    assert warm["energy"] == cold["energy"] and warm["forces"] == cold["forces"]
+
+
+def test_precompile_walks_the_bucket_ladder(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ddpad import cli
+
+    assert cli.main(["precompile", "toy", "--backend", "aot_eager", "--ladder", "2",
+                     "--compile-cache", str(tmp_path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("caps {")]
+    ladder = [json.loads(line[len("caps "):line.index("}") + 1].replace("'", '"')) for line in lines]
+    assert len(ladder) == 3
+    for low, high in zip(ladder, ladder[1:]):  # one growth per rung, never a shrink
+        assert sum(high[k] > low[k] for k in low) == 1 and all(high[k] >= low[k] for k in low)
+    assert ladder[-1]["systems"] == ladder[0]["systems"]  # the system count does not scale with the atoms
+    assert cli.main(["precompile", "toy", "--ladder", "-1"]) == 2
+
+
+@pytest.mark.slow
+def test_bench_compile_store_reports_both_comparisons(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpad import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "toy", "--compile-store", "--backend", "aot_eager", "--steps", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "cold" in out and "warm" in out and "foreground" in out and "background" in out
+    report = json.loads((tmp_path / "ddpad-bench.json").read_text())
+    assert report["warm_start"]["warm"]["energy"] == report["warm_start"]["cold"]["energy"]
+    assert len(report["growing"]["background"]["times"]) == 12 and (tmp_path / "ddpad-bench.png").exists()
+
+
+@pytest.mark.slow
+def test_a_growth_loads_what_a_background_worker_compiled(tmp_path: pathlib.Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor: at 72 % edge fill a worker compiles the next edge bucket;
+    the growth to it then compiles nothing and loads the worker's graph,
+    and the result matches the eager model."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # the worker inherits it
+    model = _model()
+    with ddpad.wrap(model, toy.ADAPTER, compile_cache=tmp_path / "store", background_compile=0.7) as wrapped:
+        wrapped(_data(model, 20))  # 300 edges: cap 416
+        assert wrapped.stats.background_started == 1 and wrapped.background is not None
+        (worker,) = wrapped.background.running.values()
+        assert worker.wait(900) == 0
+        compiled, loaded = wrapped.stats.graphs_compiled, wrapped.stats.graphs_loaded
+        data = _data(model, 24)  # 418 edges: the cap grows to 544, the bucket the worker compiled
+        out = wrapped(data)
+        assert wrapped.caps["edges"] == 544 and wrapped.stats.background_used == 1
+        assert wrapped.stats.graphs_compiled == compiled and wrapped.stats.graphs_loaded > loaded
+    reference = model(_data(model, 24))
+    torch.testing.assert_close(out["forces"], reference["forces"].detach(), rtol=0, atol=1e-10)
+    torch.testing.assert_close(out["energy"], reference["energy"].detach(), rtol=0, atol=1e-10)
