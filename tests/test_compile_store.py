@@ -235,7 +235,7 @@ def test_precompile_walks_the_bucket_ladder(tmp_path: pathlib.Path, capsys: pyte
     assert cli.main(["precompile", "toy", "--ladder", "-1"]) == 2
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_bench_compile_store_reports_both_comparisons(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from ddpad import cli

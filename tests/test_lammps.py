@@ -64,7 +64,7 @@ def test_two_ranks_match_one_rank_on_one_graph_each(tmp_path: pathlib.Path) -> N
     assert len(two["ranks"][0]["local"]) == STEPS + 1
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_without_padding_ranks_recompile(tmp_path: pathlib.Path) -> None:
     # r_max 2.6 A sits just above diamond's second neighbours (2.52 A): edge
     # counts change as atoms vibrate, and the unpadded model recompiles
@@ -77,7 +77,7 @@ def test_without_padding_ranks_recompile(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("system", ["slab", "cluster"])
+@pytest.mark.parametrize("system", ["slab", pytest.param("cluster", marks=pytest.mark.long)])
 def test_vacuum_passes_the_ghost_check(tmp_path: pathlib.Path, system: str) -> None:
     # vacuum along x (slab) or everywhere (cluster): the ghost atoms that exist
     # reach little beyond a subdomain, yet the ghost cutoff (comm_modify) is

@@ -54,6 +54,7 @@ def test_fire_optimize_six_systems_one_graph_and_exact() -> None:
         torch.testing.assert_close(out[key], ref[key], rtol=0, atol=1e-10, msg=key)
 
 
+@pytest.mark.long  # a changing system count: test_mace's batch test; the torch-sim path: the FIRE test
 def test_nvt_langevin_batch_changes_mid_run() -> None:
     model = random_model(torch.float64, r_max=3.0)
     first, second = structures(SHAPES[:3], seed=1), structures(SHAPES[2:], seed=2)
