@@ -318,7 +318,7 @@ def test_use_padder_touches_one_wrapper_and_restores_it() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("padder", ["ddpad", "nvalchemi"])
+@pytest.mark.parametrize("padder", ["ddpad", pytest.param("nvalchemi", marks=pytest.mark.long)])  # nvalchemi's own: a comparison
 def test_example_runs_under_torchrun(padder: str) -> None:
     """examples/dd_nvalchemi_mace.py under torchrun (2 CPU ranks, gloo), with
     ddpad's padder and, for comparison, nvalchemi's own."""
