@@ -18,7 +18,6 @@ import logging
 import os
 import pathlib
 import re
-import tempfile
 import time
 import warnings
 import weakref
@@ -41,7 +40,7 @@ from ._capacity import (
 )
 from ._context import DistributedContext, activate_dd_context, current_dd_context
 from ._protocol import GraphPadder
-from ._store import CompileStore, _graph_key
+from ._store import CompileStore, _atomic_write, _graph_key
 
 if TYPE_CHECKING:
     from ddpad.adapters import Adapter
@@ -320,18 +319,14 @@ class _CountingBackend:
         path = link.store.entry(link.model_key, _graph_key(link.model_key, gm, example_inputs))
         t0 = time.perf_counter()
         found = link.store.load(path)
-        if not found:
-            with link.store.lock(path) as compile_here:
-                if not compile_here:
-                    found = link.store.load(path)
-                self.stats.load_seconds += time.perf_counter() - t0
-                compiled = self._timed(gm, example_inputs)
-                if not found:
-                    link.save(path)  # before the graph runs: waiting ranks go on
-                    link.compiled.append(path)
-        else:
+        with contextlib.nullcontext(False) if found else link.store.lock(path) as compile_here:
+            if not found and not compile_here:  # waited for another process's compile
+                found = link.store.load(path)
             self.stats.load_seconds += time.perf_counter() - t0
             compiled = self._timed(gm, example_inputs)
+            if not found:
+                link.save(path)  # before the graph runs: waiting ranks go on
+                link.compiled.append(path)
         self.stats.store_hits += int(found)
         self.stats.store_misses += int(not found)
         return compiled
@@ -507,19 +502,7 @@ def save_caps(caps: Mapping[str, int], path: str | os.PathLike[str], **meta: Any
     so readers and concurrent writers never see a partial file.
     """
     doc = {"format": _CAPS_FORMAT, "caps": dict(caps), **meta}
-    target = os.path.abspath(os.fspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".ddpad-caps-", suffix=".tmp", dir=os.path.dirname(target))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    _atomic_write(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), prefix=".ddpad-caps-")
 
 
 def derive_ceilings(caps: Mapping[str, int], peak_bytes: int, budget_bytes: int) -> dict[str, int]:

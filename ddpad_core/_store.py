@@ -232,8 +232,12 @@ class CompileStore:
             os.close(fd)
 
 
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _atomic_write(path: str | os.PathLike[str], data: bytes, prefix: str | None = None) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file beside it
+    (``prefix``), fsync, rename; readers and concurrent writers never see a
+    partial file, and a failed write leaves the old one."""
+    path = pathlib.Path(os.path.abspath(os.fspath(path)))
+    fd, tmp = tempfile.mkstemp(prefix=prefix or f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

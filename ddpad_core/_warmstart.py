@@ -55,27 +55,15 @@ def first_call(adapter_name: str, store: str, backend: str, device: str, dtype: 
     }
 
 
-def _child(adapter: str, store: str, inductor: str, backend: str, device: str, dtype: str | None) -> dict[str, Any]:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor}
-    code = ("import json, sys; from ddpad._warmstart import first_call; "
-            "print('RESULT' + json.dumps(first_call(*sys.argv[1:5], sys.argv[5] or None)))")
-    res = subprocess.run([sys.executable, "-c", code, adapter, store, backend, device, dtype or ""],
-                         env=env, capture_output=True, text=True, check=False)
-    lines = [line for line in res.stdout.splitlines() if line.startswith("RESULT")]
-    if res.returncode != 0 or not lines:
-        raise RuntimeError(f"ddpad: the warm-start child for {adapter} failed:\n{res.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT"):])
-
-
 def warm_start(adapter: str, *, backend: str = "inductor", device: str = "cpu", dtype: str | None = None,
                workdir: str | None = None) -> dict[str, dict[str, Any]]:
     """Run the cold, store-only and warm first calls; returns each one's result."""
     with tempfile.TemporaryDirectory(prefix="ddpad-warm-", dir=workdir) as tmp:
         root = pathlib.Path(tmp)
         store, cold_cache, fresh_cache = (str(root / name) for name in ("store", "inductor-cold", "inductor-fresh"))
-        results = {"cold": _child(adapter, store, cold_cache, backend, device, dtype)}
-        results["store"] = _child(adapter, store, fresh_cache, backend, device, dtype)
-        results["warm"] = _child(adapter, store, cold_cache, backend, device, dtype)
+        spec = {"adapter_name": adapter, "store": store, "backend": backend, "device": device, "dtype": dtype}
+        results = {name: _run_child("first_call", spec, {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
+                   for name, cache in (("cold", cold_cache), ("store", fresh_cache), ("warm", cold_cache))}
     return results
 
 

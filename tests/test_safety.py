@@ -219,10 +219,10 @@ def test_save_failure_keeps_the_old_file(tmp_path: pathlib.Path, monkeypatch: py
     path = tmp_path / "caps.json"
     ddpad.save_caps({"atoms": 16}, path)
 
-    def broken_dump(*args: Any, **kwargs: Any) -> None:
+    def broken_fsync(*args: Any, **kwargs: Any) -> None:  # the write fails after the temp file exists
         raise OSError("disk full")
 
-    monkeypatch.setattr(json, "dump", broken_dump)
+    monkeypatch.setattr(os, "fsync", broken_fsync)
     with pytest.raises(OSError, match="disk full"):
         ddpad.save_caps({"atoms": 32}, path)
     monkeypatch.undo()
