@@ -88,6 +88,11 @@ class Adapter:
         Key of per-atom energies ``[N]`` in the native output, for engines that own only
         some of the atoms they evaluate (LAMMPS domains sum their owned
         atoms); None when the model gives none.
+    message_layers
+        Optional ``model -> int``: how many cutoffs deep an atom's energy
+        sees (the message-passing layers; 1 for a strictly local model such
+        as Allegro). Engines that split space (LAMMPS) need ghost atoms that
+        deep; without it they ask the caller.
     energy_only_options
         Call keywords for a forward that returns energies without taking
         derivatives (the engine takes them), e.g. mace's ``compute_force=False``.
@@ -135,6 +140,7 @@ class Adapter:
     properties: Callable[[Any], dict[str, Any]] | None = None
     native_padding: Callable[[torch.nn.Module], Callable[[Any], Any]] | None = None
     atom_energy_key: str | None = None
+    message_layers: Callable[[torch.nn.Module], int] | None = None
     energy_only_options: Mapping[str, Any] = field(default_factory=dict)
     call_forms: tuple[Mapping[str, Any], ...] = ()
     grad_input: str | None = None

@@ -21,8 +21,10 @@ class and inherits every check::
             return [...]             # ase.Atoms or lists of them, counts changing
 
 Each check is also a function (``check_exact``, ``check_dead_rows``,
-``check_call_forms``, ``check_autograd``, ``check_empty_rejected``) for use
-outside pytest classes. Needs pytest and ase.
+``check_call_forms``, ``check_autograd``, ``check_empty_rejected``,
+``check_torchsim``) for use outside pytest classes. Needs pytest and ase;
+the torch-sim check runs where torch-sim is installed and is skipped
+(saying so) where it is not.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ __all__ = [
     "check_empty_rejected",
     "check_exact",
     "check_graphs",
+    "check_torchsim",
     "default_trajectory",
 ]
 
@@ -236,6 +239,26 @@ def check_autograd(adapter: Any, model: torch.nn.Module, structure: Any, *, atol
     _compare({"forces": -grad[:n]}, {"forces": ref["forces"]}, atol=atol, rtol=rtol, where="autograd forces")
 
 
+def check_torchsim(adapter: Any, model: torch.nn.Module, batches: Sequence[Sequence[Any]], *, atol: float,
+                   rtol: float = 0.0, backend: str = "aot_eager") -> None:
+    """``ddpad.torchsim.Model`` on torch-sim states of ``batches`` (lists of
+    ``ase.Atoms``; their system and atom counts changing) gives the eager
+    model's energies and forces, on one graph per growth."""
+    ts = pytest.importorskip("torch_sim", reason="torch-sim not installed: pip install 'ddpad[torchsim]'")
+    from ddpad.torchsim import Model
+
+    adapter = resolve_adapter(adapter)
+    param = next(model.parameters())
+    padded = Model(model, adapter, backend=backend, on_recompile="raise")
+    eager = Model(model, adapter, pad=False, compile=False)
+    for step, batch in enumerate(batches):
+        state = ts.io.atoms_to_state(list(batch), device=param.device, dtype=param.dtype)
+        out, ref = padded(state), eager(state)
+        assert out["energy"].shape == (len(batch),), f"batch {step}: energy shape {tuple(out['energy'].shape)}"
+        _compare(out, ref, atol=atol, rtol=rtol, where=f"torch-sim batch {step}")
+    check_graphs(padded.wrapped)
+
+
 def check_empty_rejected(adapter: Any, model: torch.nn.Module) -> None:
     """An empty structure is a clear ``ValueError`` from the input builder."""
     from ase import Atoms
@@ -339,3 +362,11 @@ class AdapterTests:
         ref = resolved.flat(resolved.reference(model, resolved.input_builder(model)(atoms)))
         torch.testing.assert_close(torch.tensor(energy, dtype=torch.float64),
                                    ref[resolved.flat_energy_key].detach().double().sum(), atol=max(self.atol, 1e-6), rtol=self.rtol)
+
+    def test_torchsim_model(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
+        singles = [s for s in trajectory if not isinstance(s, (list, tuple))]
+        pairs = [list(s) for s in trajectory if isinstance(s, (list, tuple))]
+        if len(singles) < 2 or not pairs:
+            pytest.skip("the trajectory has no batch of systems to run through torch-sim")
+        batches = [pairs[0], [singles[0]], [singles[1], *pairs[0]]]
+        check_torchsim(resolved, model, batches, atol=self.atol, rtol=self.rtol, backend=self.backend)

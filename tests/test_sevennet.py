@@ -319,3 +319,11 @@ def test_inductor_20_steps_one_graph() -> None:
         for data in steps:
             assert_exact(wrapped(data), adapter.reference(model, data))
     assert wrapped.stats.graphs == 1 and wrapped.stats.growths == []
+
+
+def test_message_layers_are_the_convolutions() -> None:
+    """The LAMMPS engine checks ghost atoms ``message_layers x cutoff`` deep:
+    SevenNet passes messages once per convolution."""
+    adapter = adapters.get("sevennet")
+    for n in (2, 3):
+        assert adapter.message_layers(adapter.random_model(torch.float32, "cpu", num_convolutions=n)) == n

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from ddpad.adapters.nequip import _dtype_name, build_model, load_model, make_adapter
+from ddpad.adapters.nequip import _dtype_name, build_random, load_model, make_adapter
 
 __all__ = ["ADAPTER", "random_model", "random_model_config"]
 
@@ -49,8 +49,9 @@ def random_model_config(
 
 def random_model(dtype: torch.dtype = torch.float64, device: str = "cpu", **config: Any) -> torch.nn.Module:
     """A small randomly initialised Allegro model from allegro's own builder
-    (:func:`random_model_config`; keyword arguments override it)."""
-    return build_model(random_model_config(dtype, **config), device)
+    (:func:`random_model_config`; other keyword arguments replace its
+    entries, e.g. ``num_layers=3``)."""
+    return build_random(random_model_config, dtype, device, config)
 
 
 ADAPTER = make_adapter(
@@ -58,4 +59,5 @@ ADAPTER = make_adapter(
     requires=("allegro", "nequip"),
     random_model=random_model,
     load_model=load_model,
+    message_layers=lambda model: 1,  # strictly local: its layers act on an atom's own edges
 )

@@ -259,6 +259,7 @@ ADAPTER = Adapter(
     default_system=default_system,
     native_padding=native_padding,
     atom_energy_key="node_energy",
+    message_layers=lambda model: int(model.num_interactions),
     energy_only_options={"compute_force": False, "compute_stress": False},
     call_forms=CALL_FORMS,
     grad_input="positions",

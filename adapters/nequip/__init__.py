@@ -34,7 +34,7 @@ import contextlib
 import os
 import random
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -389,10 +389,20 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return "float64" if dtype == torch.float64 else "float32"
 
 
+def build_random(make_config: Callable[..., dict[str, Any]], dtype: torch.dtype, device: str,
+                 config: dict[str, Any]) -> torch.nn.Module:
+    """The model of ``make_config(dtype, r_max=, atomic_numbers=, seed=)``
+    (those keywords taken from ``config`` when there) with the rest of
+    ``config`` replacing its entries."""
+    named = {k: config.pop(k) for k in ("r_max", "atomic_numbers", "seed") if k in config}
+    return build_model({**make_config(dtype, **named), **config}, device)
+
+
 def random_model(dtype: torch.dtype = torch.float64, device: str = "cpu", **config: Any) -> torch.nn.Module:
     """A small randomly initialised NequIP model from nequip's own builder
-    (:func:`random_model_config`; keyword arguments override it)."""
-    return build_model(random_model_config(dtype, **config), device)
+    (:func:`random_model_config`; other keyword arguments replace its
+    entries, e.g. ``num_layers=3``)."""
+    return build_random(random_model_config, dtype, device, config)
 
 
 def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
@@ -422,6 +432,11 @@ def default_system() -> Any:
     return atoms
 
 
+def _convolutions(model: torch.nn.Module) -> int:
+    """NequIP's message-passing layers: its convolution layers."""
+    return sum(type(m).__name__ == "ConvNetLayer" for m in model.modules())
+
+
 def make_adapter(name: str, **fields: Any) -> Adapter:
     """An adapter for a nequip-framework model family (nequip, allegro):
     everything shared, ``fields`` override (name, random_model, requires ...)."""
@@ -443,6 +458,7 @@ def make_adapter(name: str, **fields: Any) -> Adapter:
         "default_system": default_system,
         "properties": properties,
         "atom_energy_key": "atomic_energy",
+        "message_layers": _convolutions,
         "energy_only_options": {"do_derivatives": False},
         "call_forms": ({},),  # NequIPCalculator and the torch-sim integration call model(data)
         "grad_input": None,  # the native energy's graph is consumed by its own autograd.grad

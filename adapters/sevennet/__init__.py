@@ -350,6 +350,7 @@ ADAPTER = Adapter(
     default_system=default_system,
     properties=properties,
     atom_energy_key=ATOMIC_ENERGY,
+    message_layers=lambda model: sum(type(m).__name__ == "IrrepsConvolution" for m in model.modules()),
     call_forms=({},),
     grad_input=None,
 )

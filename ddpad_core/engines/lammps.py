@@ -89,7 +89,8 @@ class Potential:
         The mpi4py communicator LAMMPS runs on (default ``MPI.COMM_WORLD``).
     layers
         Message-passing layers of the model, for the ghost-cutoff check
-        (default: the model's ``num_interactions`` when it has one, else 1).
+        (default: what the adapter's ``message_layers`` says; required when
+        it says nothing).
     check_ghosts
         Raise ``ValueError`` here when the ghost-atom cutoff LAMMPS was given
         (``comm_modify cutoff``; create the Potential after it) is below
@@ -143,7 +144,9 @@ class Potential:
             [0] + [atomic_numbers[e] if isinstance(e, str) else int(e) for e in elements], dtype=np.int64
         )
         self.cutoff = float(self.adapter.cutoff(model))
-        self.layers = layers if layers is not None else int(getattr(model, "num_interactions", 1))
+        if layers is None and self.adapter.message_layers is not None:
+            layers = self.adapter.message_layers(model)
+        self.layers = None if layers is None else int(layers)
         if check_ghosts:
             self._check_ghost_cutoff()
         self.evaluator = Evaluator(model, self.adapter, pad=pad, **wrap_kwargs)
@@ -181,6 +184,12 @@ class Potential:
         """Ghost atoms must reach ``layers x cutoff`` beyond each subdomain, or
         owned atoms miss messages: check the cutoff LAMMPS was given (not the
         ghosts that happen to exist, which vacuum makes look short)."""
+        if self.layers is None or self.layers < 1:
+            said = "does not say" if self.layers is None else f"says {self.layers} for"
+            raise ValueError(
+                f"adapter {self.adapter.name!r} {said} how many message-passing layers its model has "
+                "(message_layers), so the ghost-atom depth cannot be checked: pass layers=N"
+            )
         periodic = np.asarray(self.lmp.extract_global("periodicity"), dtype=bool)
         if self.comm.Get_size() == 1 and not periodic.any():
             return  # one rank, no images: no ghost atoms needed

@@ -1,8 +1,10 @@
 """NVE MD of diamond carbon in LAMMPS, MPI domain decomposition, with a
-compiled, padded MACE as the force field (fix external pf/callback).
+compiled, padded model as the force field (fix external pf/callback): MACE
+by default, or any adapter with per-atom energies (``--adapter allegro``,
+the strictly local model, needs ghost atoms one cutoff deep).
 
-    mpirun -np 2 python examples/lammps_mace.py [--model my.model] [--steps 60] [--r-max 3]
-           [--system bulk|slab|cluster] [--device cuda] [--backend inductor] [--no-pad] [--json out.json]
+    mpirun -np 2 python examples/lammps_md.py [--adapter mace|allegro|nequip] [--model my.model] [--steps 60]
+           [--r-max 3] [--system bulk|slab|cluster] [--device cuda] [--backend inductor] [--no-pad] [--json out.json]
 
 ``--system``: periodic bulk (default), a slab with 10.7 A of vacuum along x,
 or a cluster with 14.3 A of vacuum on every side (with ``--cells 2 2 2`` on
@@ -28,7 +30,7 @@ import torch
 from mpi4py import MPI
 
 
-def reference_check(lmp: Any, comm: Any, model: torch.nn.Module, adapter: Any) -> dict[str, float]:
+def reference_check(lmp: Any, comm: Any, model: torch.nn.Module, adapter: str) -> dict[str, float]:
     """Relative deviations of LAMMPS's current energy, forces and virial
     from the plain eager model on the whole periodic system (rank 0)."""
     n = lmp.extract_global("nlocal")
@@ -39,17 +41,18 @@ def reference_check(lmp: Any, comm: Any, model: torch.nn.Module, adapter: Any) -
     if comm.rank != 0:
         return {}
     from ase import Atoms
+    from ddpad import Evaluator
 
     ids, x, f = (np.concatenate([g[i] for g in gathered]) for i in range(3))
     order = np.argsort(ids)
     lo, hi, xy, yz, xz, _, _ = lmp.extract_box()
     cell = np.array([[hi[0] - lo[0], 0, 0], [xy, hi[1] - lo[1], 0], [xz, yz, hi[2] - lo[2]]])
     atoms = Atoms(numbers=[6] * len(ids), positions=x[order], cell=cell, pbc=True)
-    out = adapter.reference(model, adapter.build_input(model, atoms), compute_force=True, compute_stress=True)
+    out = Evaluator(model, adapter, pad=False, compile=False)(atoms, stress=True)  # the plain eager model
     energy = float(out["energy"].detach().sum())
     forces = out["forces"].detach().cpu().numpy()
-    virial = out["virials"].detach().cpu().numpy()[0]
     volume = abs(np.linalg.det(cell))
+    virial = -out["stress"].detach().cpu().numpy().reshape(3, 3) * volume
     nktv2p = 1.6021765e6  # LAMMPS metal units: eV/A^3 -> bar
     # LAMMPS: P = (dof k T + trace W) / 3V, and dof k T = 2 KE
     reference_press = (2 * kinetic + np.trace(virial)) / (3 * volume) * nktv2p
@@ -62,7 +65,8 @@ def reference_check(lmp: Any, comm: Any, model: torch.nn.Module, adapter: Any) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="mace model file (default: randomly initialised, r_max 3 A)")
+    parser.add_argument("--adapter", default="mace", help="a ddpad adapter with per-atom energies")
+    parser.add_argument("--model", help="model file (default: randomly initialised, r_max 3 A)")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--r-max", type=float, default=3.0, help="cutoff of the random model")
     parser.add_argument("--cells", type=int, nargs=3, default=(4, 2, 2), help="diamond unit cells")
@@ -85,10 +89,11 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     if args.device == "cuda":  # one GPU per rank on the node
         torch.cuda.set_device(comm.rank % torch.cuda.device_count())
-    mace = get("mace")
-    model = mace.load_model(args.model, args.device) if args.model else mace.random_model(torch.float64, args.device, r_max=args.r_max)
-    cutoff = float(mace.cutoff(model))
-    ghost = args.comm_cutoff or int(model.num_interactions) * cutoff + 1.0  # layers x cutoff + the neighbour skin
+    adapter = get(args.adapter)
+    model = (adapter.load_model(args.model, args.device) if args.model
+             else adapter.random_model(torch.float64, args.device, r_max=args.r_max))
+    cutoff = float(adapter.cutoff(model))
+    ghost = args.comm_cutoff or adapter.message_layers(model) * cutoff + 1.0  # layers x cutoff + the neighbour skin
     nx, ny, nz = args.cells
     vacuum = {"bulk": (0, 0, 0), "slab": (3, 0, 0), "cluster": (4, 4, 4)}[args.system]  # lattice units
     start = [0.5 if v else 0 for v in vacuum]  # away from the box edge along vacuum axes
@@ -118,7 +123,7 @@ def main() -> None:
         thermo 1
     """)
     store = {"compile_cache": args.compile_cache} if args.compile_cache else {}
-    potential = Potential(lmp, model, mace, ["C"], pad=not args.no_pad, backend=args.backend, **store)
+    potential = Potential(lmp, model, adapter, ["C"], pad=not args.no_pad, backend=args.backend, **store)
 
     thermo = []
 
@@ -129,7 +134,7 @@ def main() -> None:
     lmp.command("run 0")
     first = time.perf_counter() - t0
     record()
-    check = reference_check(lmp, comm, model, mace)
+    check = reference_check(lmp, comm, model, args.adapter)
     t1 = time.perf_counter()
     for _ in range(args.steps):  # one step at a time, to record every step's thermo
         lmp.command("run 1 pre no post no")
@@ -146,7 +151,7 @@ def main() -> None:
         "callback_seconds": potential.log.seconds,
     }, root=0)
     if comm.rank == 0:
-        print(f"ranks: {comm.size}, atoms: {lmp.get_natoms()}, first call (compile): {first:.1f} s, steps/s: {rate:.2f}")
+        print(f"{args.adapter}, ranks: {comm.size}, atoms: {lmp.get_natoms()}, first call (compile): {first:.1f} s, steps/s: {rate:.2f}")
         for row in thermo[:: max(1, len(thermo) // 6)] + thermo[-1:]:
             print("  step {step:4.0f}  T {temp:8.2f} K  pe {pe:12.6f}  etotal {etotal:12.6f}  press {press:10.2f} bar".format(**row))
         print("step 0 vs the eager model on the whole periodic system: " + ", ".join(f"{k} {v:.1e}" for k, v in check.items()))
