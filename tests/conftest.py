@@ -8,8 +8,6 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 
-import os  # noqa: E402
-
 import pytest  # noqa: E402
 
 
@@ -18,15 +16,9 @@ def user_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory):
     """The user cache folder (caps files, the compile store that ``ddpad run``
     uses by default) in a temporary folder: tests never write the user's, and
     parallel test workers never share one."""
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("user-cache"))
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # restored at the session's end
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("user-cache")))
         yield
-    finally:
-        if old is None:
-            os.environ.pop("XDG_CACHE_HOME", None)
-        else:
-            os.environ["XDG_CACHE_HOME"] = old
 
 
 @pytest.fixture(autouse=True)
