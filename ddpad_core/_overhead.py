@@ -7,6 +7,13 @@ wrapper's overhead: cap resolution, pad, unpad, restore, stats), a bare
 ``padder.pad`` call, and a plain ``{k: v.clone()}`` of the input (what moving
 the data once costs). The ratios to the clone say whether a cost is data
 movement (about 1) or fixed Python work (much more at small sizes).
+
+On a CPU the host also moves the data; on a GPU it launches kernels
+instead, a few us each. The last column counts them: the non-view ops a
+wrapped call dispatches beyond the model's, on a non-CPU device (``meta``:
+the path a GPU takes, sentinels rerouted on the device, no value read on the
+host); one ``_foreach_copy_`` of every field counts once. (The host time on
+``meta`` itself is no guide: its kernels are Python, 10x a CPU call.)
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["PADDERS", "format_table", "overhead_table"]
 
@@ -179,6 +187,25 @@ def _median_us(fn: Callable[[], Any], calls: int) -> float:
     return statistics.median(times) / 1e3
 
 
+class _OpCount(TorchDispatchMode):
+    """Counts the non-view ops dispatched inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def _ops(fn: Callable[[], Any]) -> int:
+    fn()  # steady state: a first call may plan
+    with _OpCount() as counter:
+        fn()
+    return counter.ops
+
+
 def _measure(name: str, n: int, calls: int) -> dict[str, Any]:
     from ._runtime import PaddedModel
 
@@ -191,12 +218,16 @@ def _measure(name: str, n: int, calls: int) -> dict[str, Any]:
     wrapped_us = _median_us(lambda: wrapped(data), calls)
     pad_us = _median_us(lambda: padder.pad(data, state), calls)
     clone_us = _median_us(lambda: {k: v.clone() for k, v in data.items()}, calls)
+    meta = {k: v.to("meta") for k, v in data.items()}
+    on_meta = PaddedModel(model, make(), compile=False)
+    ops = _ops(lambda: on_meta(meta)) - _ops(lambda: model(meta))
     first = next(k for k in ("edge_index", "nbmat") if k in data)
     return {
         "padder": name, "atoms": n, "edges": int(data[first].numel() // (2 if first == "edge_index" else 1)),
         "bare_us": bare, "wrapped_us": wrapped_us, "overhead_us": wrapped_us - bare,
         "pad_us": pad_us, "clone_us": clone_us,
         "pad_per_clone": pad_us / clone_us, "overhead_per_clone": (wrapped_us - bare) / clone_us,
+        "device_ops": ops,
     }
 
 
@@ -226,7 +257,9 @@ def overhead_table(
         ``bare_us`` (the trivial model), ``wrapped_us`` (it through
         ``PaddedModel(compile=False)``), ``overhead_us`` (their difference),
         ``pad_us``, ``clone_us`` (``{k: v.clone()}`` of the input) and the
-        ratios ``pad_per_clone``, ``overhead_per_clone``. Measured on one
+        ratios ``pad_per_clone``, ``overhead_per_clone``; ``device_ops``,
+        the non-view ops a steady wrapped call adds to the model's on a
+        non-CPU device (its kernel launches on a GPU). Measured on one
         thread (the thread count is restored afterwards).
     """
     if quick:
@@ -241,10 +274,12 @@ def overhead_table(
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows of :func:`overhead_table` as an aligned text table."""
-    head = ("padder", "atoms", "edges", "model us", "overhead us", "pad us", "clone us", "pad/clone", "overhead/clone")
+    head = ("padder", "atoms", "edges", "model us", "overhead us", "pad us", "clone us", "pad/clone", "overhead/clone",
+            "device ops")
     lines = [head] + [
         (r["padder"], f"{r['atoms']:,}", f"{r['edges']:,}", f"{r['bare_us']:.1f}", f"{r['overhead_us']:.1f}",
-         f"{r['pad_us']:.1f}", f"{r['clone_us']:.1f}", f"{r['pad_per_clone']:.2f}", f"{r['overhead_per_clone']:.2f}")
+         f"{r['pad_us']:.1f}", f"{r['clone_us']:.1f}", f"{r['pad_per_clone']:.2f}", f"{r['overhead_per_clone']:.2f}",
+         str(r["device_ops"]))
         for r in rows
     ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]

@@ -407,6 +407,8 @@ def _run_step(
     """One model step: through the adapter's ``call`` if it has one, with its
     Dynamo flags set for this call only (``config.patch`` restores them on
     exit, exceptions included)."""
+    if not dynamo_config and call is None:  # nearly every model: nothing to set
+        return compiled(data, *args, **kwargs)
     with torch._dynamo.config.patch(**dynamo_config) if dynamo_config else contextlib.nullcontext():
         if call is None:
             return compiled(data, *args, **kwargs)
@@ -665,7 +667,7 @@ class PaddedModel(torch.nn.Module):
             stats.pad_allocations = self.padder.allocations  # type: ignore[attr-defined]
             stats.last_pad_allocations = self.padder.allocations - allocations_before  # type: ignore[attr-defined]
         # the form that ran (before a shrink changes the caps)
-        form = (_call_form(args, kwargs), frozenset(self.cap_state.items()))
+        form = (_call_form(args, kwargs), tuple(self.cap_state.items()))  # (keys keep their order)
         new_form = form not in self._forms
         self._forms.add(form)
         if call == 0 or self.shrink is not None or self.background is not None or any(r[3] != r[4] for r in rows):

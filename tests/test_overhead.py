@@ -11,7 +11,7 @@ import torch
 from ddpad import PaddedModel, RecompileError, _capacity
 from ddpad._overhead import PADDERS, QUICK_SIZES, _Trivial, format_table, overhead_table
 
-COLUMNS = {"padder", "atoms", "edges", "bare_us", "wrapped_us", "overhead_us", "pad_us", "clone_us",
+COLUMNS = {"padder", "atoms", "edges", "bare_us", "wrapped_us", "overhead_us", "pad_us", "clone_us", "device_ops",
            "pad_per_clone", "overhead_per_clone"}
 
 
@@ -36,6 +36,18 @@ def test_padding_a_thousand_atoms_costs_a_few_copies(rows: list[dict]) -> None:
     for r in rows:
         if r["atoms"] == 1000 and r["padder"] in ("coo", "coo-uma"):
             assert r["pad_per_clone"] < 10, r
+
+
+def test_steady_calls_launch_a_handful_of_kernels(rows: list[dict]) -> None:
+    """On a GPU each op a call dispatches is a kernel launch (a few us): a
+    steady call adds one copy of every field and the few ops the data needs
+    (sentinels rerouted, dead positions, a LAST_REAL row), none per field and
+    none per atom. The counts are exact on any machine; growing one is a
+    regression (UMA's was 11 while the dead system's counts were rewritten
+    every call)."""
+    most = {"coo": 7, "coo-mace": 8, "coo-uma": 9, "dense-aimnet2": 5, "dense-batch": 5}
+    for r in rows:
+        assert r["device_ops"] <= most[r["padder"]], r
 
 
 def _trivial(name: str = "coo", n: int = 20, **kw: object) -> tuple[PaddedModel, dict]:
