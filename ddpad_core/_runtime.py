@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from ._background import Background
+from ._background import WARMING, Background
 from ._capacity import (
     AgreementError,
     CapacityError,
@@ -149,6 +149,11 @@ class Stats:
     graphs_compiled, graphs_loaded
         Of ``graphs``: those the backend compiled, and those it loaded from
         torch's caches (a compile-store entry, or torch's own on-disk cache).
+    graphs_uncached
+        Of ``graphs_compiled``: those torch compiled past its caches
+        (AOTAutograd bypassed them, as for a graph that only returns its
+        inputs): nothing a store keeps, so every process compiles them
+        again, in milliseconds.
     compile_seconds, load_seconds
         Backend time of the compiled graphs, and of the loaded graphs plus
         reading compile-store entries (Dynamo's tracing is in neither).
@@ -157,6 +162,9 @@ class Stats:
     background_started, background_used, background_wasted
         Background compiles of the next bucket: started, whose caps a later
         growth reached, and finished or stopped without being reached.
+    background_graphs
+        Of ``graphs``: those a background thread compiled
+        (``background_mode="thread"``); no call's recompile.
     """
 
     calls: int = 0
@@ -177,6 +185,7 @@ class Stats:
     eager_steps: int = 0
     graphs_compiled: int = 0
     graphs_loaded: int = 0
+    graphs_uncached: int = 0
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
     store_hits: int = 0
@@ -184,6 +193,7 @@ class Stats:
     background_started: int = 0
     background_used: int = 0
     background_wasted: int = 0
+    background_graphs: int = 0
 
     def record(self, call: int, resolved: list[CapResolution]) -> bool:
         """Record the fills and growths of call ``call``'s cap resolutions;
@@ -230,7 +240,7 @@ class Stats:
 
 _COMPILE_FIELDS = (
     "graphs_compiled", "graphs_loaded", "compile_seconds", "load_seconds", "store_hits", "store_misses",
-    "background_started", "background_used", "background_wasted",
+    "background_started", "background_used", "background_wasted", "background_graphs", "graphs_uncached",
 )
 
 
@@ -264,6 +274,15 @@ class _StoreLink:
                 self.save(path)
 
 
+def _cache_counts() -> tuple[int, ...]:
+    """torch's cache counters (AOTAutograd hit, miss, saved, bypass; Inductor
+    FX-graph hit, miss) so far."""
+    counters = torch._dynamo.utils.counters
+    aot, fx = counters["aot_autograd"], counters["inductor"]
+    return (aot["autograd_cache_hit"], aot["autograd_cache_miss"], aot["autograd_cache_saved"],
+            aot["autograd_cache_bypass"], fx["fxgraph_cache_hit"], fx["fxgraph_cache_miss"])
+
+
 class _CountingBackend:
     """A Dynamo backend that records each compile event, then delegates
     (through a compile store when it has one)."""
@@ -289,27 +308,33 @@ class _CountingBackend:
     def _count(self, compile_id: Any) -> None:
         frame = getattr(compile_id, "frame_id", None)
         frame = -1 if frame is None else int(frame)
-        if frame in self.stats.graphs_per_frame:  # a frame this model compiled before
-            self.stats.recompiles += 1
         self.stats.graphs += 1
         self.stats.graphs_per_frame[frame] = self.stats.graphs_per_frame.get(frame, 0) + 1
+        if WARMING.get():  # a background thread's graph: no call's recompile
+            self.stats.background_graphs += 1
+            return
+        if self.stats.graphs_per_frame[frame] > 1:  # a frame this model compiled before
+            self.stats.recompiles += 1
         call = self.stats.calls  # the call in progress
         self.stats.graphs_by_call[call] = self.stats.graphs_by_call.get(call, 0) + 1
 
     def _timed(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         """The inner compile, timed and sorted into compiled or loaded (an
         AOTAutograd or FX-graph cache hit loads instead of compiling)."""
-        counters = torch._dynamo.utils.counters
-        hits = counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"]
+        before = _cache_counts()
         t0 = time.perf_counter()
         compiled = self.inner(gm, example_inputs)
         seconds = time.perf_counter() - t0
-        if counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"] > hits:
+        hit, miss, saved, bypass, fx_hit, fx_miss = (b - a for a, b in zip(before, _cache_counts()))
+        if hit or fx_hit:
             self.stats.graphs_loaded += 1
             self.stats.load_seconds += seconds
         else:
             self.stats.graphs_compiled += 1
             self.stats.compile_seconds += seconds
+            # past torch's caches: AOTAutograd bypassed them, or missed and
+            # saved nothing while Inductor had no graph to compile (no ops)
+            self.stats.graphs_uncached += bool(bypass or (miss and not saved and not fx_miss))
         return compiled
 
     def _through_store(self, link: _StoreLink, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -323,7 +348,12 @@ class _CountingBackend:
             if not found and not compile_here:  # waited for another process's compile
                 found = link.store.load(path)
             self.stats.load_seconds += time.perf_counter() - t0
+            compiled_before, uncached_before = self.stats.graphs_compiled, self.stats.graphs_uncached
             compiled = self._timed(gm, example_inputs)
+            if self.stats.graphs_uncached > uncached_before:  # torch keeps nothing of it: no entry, no hit or miss
+                return compiled
+            if found and self.stats.graphs_compiled > compiled_before:
+                log.info("compile-store entry %s loaded, but torch's caches missed: compiled here", path.name)
             if not found:
                 link.save(path)  # before the graph runs: waiting ranks go on
                 link.compiled.append(path)
@@ -564,6 +594,7 @@ class PaddedModel(torch.nn.Module):
         compile_cache: str | os.PathLike[str] | CompileStore | None = None,
         background_compile: float | None = None,
         background_workers: int = 1,
+        background_mode: Literal["process", "thread"] = "process",
         **compile_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -605,10 +636,8 @@ class PaddedModel(torch.nn.Module):
                 self.store = store_link(model, compile_cache, adapter, self.dynamo_config, **compile_kwargs)
                 weakref.finalize(self, self.store.flush)  # a backward compiled after the last call
             if background_compile is not None:
-                if self.store is None or adapter is None:
-                    raise ValueError("ddpad: background_compile needs compile_cache= and an adapter (its workers "
-                                     "compile into the store and rebuild the padder from the adapter)")
-                self.background = Background(self, float(background_compile), background_workers, compile_kwargs)
+                self.background = Background(self, float(background_compile), background_workers, compile_kwargs,
+                                             background_mode)
             self.compiled = _compile_model(model, self.stats, compile_region, self.store, **compile_kwargs)
         elif compile_kwargs or compile_cache is not None or background_compile is not None:
             given = sorted([*compile_kwargs, *(["compile_cache"] if compile_cache is not None else []),
@@ -747,14 +776,15 @@ class PaddedModel(torch.nn.Module):
             exc.add_note(f"ddpad: the failed call sized caps ({described}); rolled back to {self.cap_state}")
         raise exc
 
-    def _context(self, cap_state: dict[str, int]) -> DistributedContext:
+    def _context(self, cap_state: dict[str, int], padder: GraphPadder | None = None) -> DistributedContext:
         """The context the model's seam pads through: the active one's mesh and
-        metadata (a framework's), with this wrapper's padder and caps."""
+        metadata (a framework's), with this wrapper's padder (or ``padder``)
+        and caps."""
         outer = current_dd_context()
         if outer.graph_padder is not None:
             return outer  # a framework already drives padding
         inherited = {f.name: getattr(outer, f.name) for f in dataclasses.fields(DistributedContext)}
-        return DistributedContext(**{**inherited, "cap_state": cap_state, "graph_padder": self.padder})
+        return DistributedContext(**{**inherited, "cap_state": cap_state, "graph_padder": padder or self.padder})
 
     def _check_loaded_keys(self, resolved: list[CapResolution]) -> None:
         unknown = self._loaded_keys - {r.key for r in resolved}
@@ -970,6 +1000,7 @@ def wrap(
     compile_cache: str | os.PathLike[str] | CompileStore | None = None,
     background_compile: float | None = None,
     background_workers: int = 1,
+    background_mode: Literal["process", "thread"] = "process",
     **compile_kwargs: Any,
 ) -> PaddedModel:
     """Wrap ``model`` so it always runs at fixed padded shapes.
@@ -1014,13 +1045,21 @@ def wrap(
         :meth:`PaddedModel.close` or a ``with`` block (also done at exit).
     background_workers
         At most this many background compiles at once.
+    background_mode
+        ``"process"`` (default): worker processes compile into the store
+        (``compile_cache`` needed); the growing step still traces and loads.
+        ``"thread"``: a thread of this process calls the compiled model once
+        at the next caps, so the growth finds the graph in Dynamo's cache and
+        neither traces nor loads (no store needed; not under an agreement
+        group). ``ddpad/_background.py`` says why Dynamo is safe for it.
     """
     adapter = resolve_adapter(adapter)
     model = adapter.prepare_model(model) if adapter.prepare_model is not None else model
     return padded_model(
         model, adapter, padder=padder, compile=compile, caps=caps, on_recompile=on_recompile, shrink=shrink,
         max_caps=max_caps, memory_budget=memory_budget, on_overflow=on_overflow, compile_cache=compile_cache,
-        background_compile=background_compile, background_workers=background_workers, **compile_kwargs,
+        background_compile=background_compile, background_workers=background_workers,
+        background_mode=background_mode, **compile_kwargs,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import importlib.metadata
 import inspect
 import io
@@ -347,7 +348,13 @@ class _Announcing:
         return out
 
     def __getattr__(self, name: str) -> Any:  # unpad, restore, allocations ...
+        if name == "_padder" or name.startswith("__"):  # a copy / pickle probe before __init__ ran
+            raise AttributeError(name)
         return getattr(self._padder, name)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        # a background thread's own padder: the inner one (nothing to announce)
+        return copy.deepcopy(self._padder, memo)
 
 
 def _langevin(atoms: Any) -> Any:
@@ -462,15 +469,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _store_options(args: argparse.Namespace) -> dict[str, Any]:
     """Compile arguments: backend, compile store, background compiles."""
     options: dict[str, Any] = {"backend": args.backend}
+    thread = getattr(args, "background_mode", "process") == "thread"
     if not args.no_compile_cache:
         options["compile_cache"] = args.compile_cache
-        if getattr(args, "background_compile", None) is not None:
-            options["background_compile"] = args.background_compile
+    if getattr(args, "background_compile", None) is not None and (thread or not args.no_compile_cache):
+        options["background_compile"] = args.background_compile
+        options["background_mode"] = args.background_mode
     return options
 
 
 def _store_line(stats: Any) -> str:
-    return (f"compile store: {stats.graphs_compiled} graph(s) compiled in {stats.compile_seconds:.1f} s, "
+    uncached = f" ({stats.graphs_uncached} past torch's caches)" if stats.graphs_uncached else ""
+    return (f"compile store: {stats.graphs_compiled} graph(s) compiled{uncached} in {stats.compile_seconds:.1f} s, "
             f"{stats.graphs_loaded} loaded in {stats.load_seconds:.1f} s ({stats.store_hits} hits, "
             f"{stats.store_misses} misses); background compiles: {stats.background_started} started, "
             f"{stats.background_used} used")
@@ -549,7 +559,8 @@ def _bench_overhead(args: argparse.Namespace) -> int:
     if min(sizes) < 1 or calls < 1:
         raise CliError(f"--sizes and --calls must be >= 1, got {list(sizes)} and {calls}")
     print(f"ddpad bench --overhead: PaddedModel(compile=False) around a trivial model, {calls} calls per "
-          "median, one thread; overhead = wrapped - model; clone = {k: v.clone()} of the input", flush=True)
+          "median, one thread; overhead = wrapped - model; clone = {k: v.clone()} of the input; device ops = "
+          "kernels a steady call adds on a GPU", flush=True)
     print(format_table(overhead_table(sizes, calls)))
     return 0
 
@@ -698,6 +709,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "so the growth only loads (default: 0.9)")
     p_run.add_argument("--no-background-compile", dest="background_compile", action="store_const", const=None,
                        help="no background compiles (default: on)")
+    p_run.add_argument("--background-mode", choices=("process", "thread"), default="process",
+                       help="process: workers compile the next bucket into the store, the growth loads it "
+                            "(default); thread: a thread of the run warms it, the growth neither traces nor "
+                            "loads (needs no store)")
     _verbose_option(p_run, argparse.SUPPRESS)
     p_run.set_defaults(func=cmd_run)
 

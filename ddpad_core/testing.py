@@ -139,6 +139,8 @@ class PoisonedPadder:
         return self.inner.unpad(output, n_real)
 
     def __getattr__(self, name: str) -> Any:  # restore(), allocations, caps ...
+        if name == "inner" or name.startswith("__"):  # a copy / pickle probe before __init__ ran
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
 

@@ -139,6 +139,7 @@ def main() -> None:
     info = [None] * world
     dist.all_gather_object(info, {"graphs": stats.graphs, "caps": dict(md._dist_model._cap_state),
                                   "compiled": stats.graphs_compiled, "compile_s": stats.compile_seconds,
+                                  "uncached": stats.graphs_uncached,
                                   "loaded": stats.graphs_loaded, "load_s": stats.load_seconds,
                                   "owned": (min(owned), max(owned)) if owned else None,
                                   "collectives": padder.collectives if padder is not None else "n/a"})
@@ -146,7 +147,8 @@ def main() -> None:
         print(f"ranks: {world} ({device.type}), padder: {'none (eager)' if args.eager else args.padder}, atoms: {len(atoms)}, "
               f"first step{'' if args.eager else ' (compile)'}: {first:.1f} s, steps/s: {rate:.2f}")
         for r, row in enumerate(info):
-            print(f"rank {r}: {row['graphs']} compiled graphs ({row['compiled']} compiled in {row['compile_s']:.1f} s, "
+            print(f"rank {r}: {row['graphs']} compiled graphs ({row['compiled']} compiled in {row['compile_s']:.1f} s "
+                  f"({row['uncached']} past torch's caches), "
                   f"{row['loaded']} loaded in {row['load_s']:.1f} s), caps {row['caps']}, "
                   f"owned atoms {row['owned']}, ddpad cap all-reduces {row['collectives']}")
     dist.destroy_process_group()

@@ -270,3 +270,110 @@ def test_a_growth_loads_what_a_background_worker_compiled(tmp_path: pathlib.Path
     reference = model(_data(model, 24))
     torch.testing.assert_close(out["forces"], reference["forces"].detach(), rtol=0, atol=1e-10)
     torch.testing.assert_close(out["energy"], reference["energy"].detach(), rtol=0, atol=1e-10)
+
+
+def test_a_graph_past_torchs_caches_counts_as_uncached(tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph that only returns its inputs (nvalchemi's DD has a few) is
+    compiled past torch's caches (AOTAutograd bypasses them), in
+    milliseconds. It is counted apart, so that a second rank compiling it
+    again is not taken for a store that failed to share (issue 14: 3 of
+    nvalchemi's 26 graphs per rank), and gets no entry (before, such a graph
+    saved the process's other artifacts under its key, and loading that
+    entry then "missed")."""
+    from torch._inductor.compile_fx import compile_fx
+
+    from ddpad._runtime import Stats, _CountingBackend, store_link
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+    class Passthrough(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return a, b
+
+    gm = torch.fx.symbolic_trace(Passthrough())
+    inputs = [torch.ones(3), torch.zeros(2)]
+    link = store_link(Passthrough(), tmp_path / "store", None, {}, backend="inductor", dynamic=False)
+    def under_dynamo(graph: torch.fx.GraphModule, example: list[torch.Tensor]) -> object:
+        """What torch reports for such a graph that Dynamo hands over (seen
+        in nvalchemi's run): an AOTAutograd miss, nothing saved, no Inductor
+        graph. Called directly, compile_fx bypasses the caches instead."""
+        torch._dynamo.utils.counters["aot_autograd"]["autograd_cache_miss"] += 1
+        return graph.forward
+
+    for inner in (compile_fx, under_dynamo, compile_fx, under_dynamo):  # two processes each, one store
+        stats = Stats()
+        with caplog.at_level(logging.INFO, logger="ddpad"):
+            _CountingBackend(inner, stats, link)(gm, inputs)
+        assert (stats.graphs_compiled, stats.graphs_uncached, stats.graphs_loaded) == (1, 1, 0)
+        assert (stats.store_hits, stats.store_misses) == (0, 0)  # nothing to keep: no entry to hit or miss
+    assert not list((tmp_path / "store").rglob("*.bin"))
+    assert "caches missed" not in caplog.text
+
+
+def test_a_thread_warmed_growth_compiles_nothing_and_matches_the_foreground() -> None:
+    """``background_mode="thread"``: past the fill threshold a thread of this
+    process compiles the next bucket; the growth that reaches it compiles
+    nothing (Dynamo's cache holds the graph: no trace, no load) and equals a
+    growth compiled in the foreground bit for bit. Calls made while the
+    thread compiles raise no strict-mode error (its graphs are no call's
+    recompile). No store is needed."""
+    model = _model()
+    data = _data(model, 20)  # 300 edges: cap 416, fill 0.72
+    with ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", background_compile=0.7, background_mode="thread",
+                    on_recompile="raise") as warmed:
+        warmed(data)
+        assert warmed.background is not None and warmed.stats.background_started == 1
+        for _ in range(3):  # steps while the thread compiles (or after it finished)
+            warmed(data)
+        assert warmed.background.wait(600)
+        assert warmed.stats.background_graphs >= 1
+        graphs = warmed.stats.graphs
+        grown = _data(model, 24)  # 418 edges: the cap grows to 544, the bucket the thread compiled
+        out = warmed(grown)
+        assert warmed.caps["edges"] == 544 and warmed.stats.background_used == 1
+        assert warmed.stats.graphs == graphs and warmed.stats.recompiles == 0  # nothing compiled at the growth
+    foreground = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", on_recompile="raise")
+    foreground(data)
+    ref = foreground(grown)
+    assert foreground.stats.graphs > 1  # the growth compiled there
+    for key in ("energy", "forces"):
+        assert torch.equal(out[key], ref[key]), key
+
+
+def test_a_warming_thread_holds_the_adapters_dynamo_flags() -> None:
+    """The adapter's Dynamo flags are process-wide; set and restored around
+    each step they would be pulled from under the thread's trace. They are
+    held from the thread's start until the main thread sees it finished,
+    then restored."""
+    flag = "capture_scalar_outputs"
+    before = getattr(torch._dynamo.config, flag)
+    model = _model()
+    wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", background_compile=0.7, background_mode="thread")
+    wrapped.dynamo_config = {flag: not before}
+    with wrapped:
+        wrapped(_data(model, 20))
+        assert wrapped.background is not None and wrapped.background.threads
+        assert getattr(torch._dynamo.config, flag) is (not before)  # held between calls while the thread runs
+        assert wrapped.background.wait(600)
+    assert getattr(torch._dynamo.config, flag) is before
+
+
+def test_no_warming_thread_under_an_agreement_group(caplog: pytest.LogCaptureFixture) -> None:
+    """The model may hold collectives: a thread running it outside the
+    ranks' lockstep could pair with a peer's step. Under an agreement group
+    no thread starts (logged); growths compile in the foreground."""
+    model = _model()
+    with ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", background_compile=0.7,
+                    background_mode="thread") as wrapped, ddpad.cap_agreement_over(lambda needs: needs, 2):
+        with caplog.at_level(logging.WARNING, logger="ddpad"):
+            wrapped(_data(model, 20))
+        assert wrapped.stats.background_started == 0 and "agreement group" in caplog.text
+
+
+def test_background_mode_is_checked() -> None:
+    model = _model()
+    with pytest.raises(ValueError, match="background_mode"):
+        ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", background_compile=0.7, background_mode="fork")
+    with pytest.raises(ValueError, match="compile_cache"):
+        ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", background_compile=0.7)

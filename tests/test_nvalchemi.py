@@ -374,7 +374,11 @@ def test_example_runs_with_nvalchemis_own_padder() -> None:
 @pytest.mark.inductor
 def test_two_ranks_compile_once_through_a_shared_store(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Inductor on 2 gloo ranks with empty Inductor caches: with a shared
-    compile store one rank compiles each graph, the other loads it."""
+    compile store one rank compiles each graph torch can cache, the other
+    loads it, and the compile seconds summed over both ranks stay within
+    1.2 x what one rank compiles alone (issue 14). Graphs torch compiles past
+    its caches (nvalchemi's DD has a few that only return their inputs)
+    compile on both, in milliseconds."""
     import re
     import subprocess
     import sys
@@ -389,11 +393,18 @@ def test_two_ranks_compile_once_through_a_shared_store(tmp_path: pathlib.Path, m
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
         assert proc.returncode == 0, proc.stderr[-4000:]
         runs[name] = [tuple(float(x) for x in re.search(
-            r"(\d+) compiled graphs \((\d+) compiled in ([\d.]+) s, (\d+) loaded in ([\d.]+) s\)", line).groups())
+            r"(\d+) compiled graphs \((\d+) compiled in ([\d.]+) s \((\d+) past torch's caches\), (\d+) loaded in "
+            r"([\d.]+) s\)", line).groups())
             for line in proc.stdout.splitlines() if line.startswith("rank ")]
         print(name, runs[name])
-    shared = runs["shared"]
-    graphs = shared[0][0]
-    assert len(shared) == 2 and all(r[0] == graphs for r in shared)
-    assert sum(r[1] for r in shared) == graphs  # each graph compiled on one rank only
-    assert sum(r[2] for r in shared) <= 1.2 * max(r[2] for r in shared)
+    alone, shared = runs["alone"], runs["shared"]
+    graphs, uncached = shared[0][0], shared[0][3]
+    assert len(shared) == 2 and all(r[0] == graphs and r[3] == uncached for r in shared + alone)
+    # a rank alone compiles each of its graphs (a repeat in the same process
+    # may load from torch's own cache: 23 or 24 of 26 were compiled in runs
+    # here); shared, the ranks together compile about that many, not twice
+    # as many (those past torch's caches aside, compiled on both)
+    one_rank = sum(r[1] - r[3] for r in alone) / len(alone)
+    assert sum(r[1] - r[3] for r in shared) <= 1.1 * one_rank
+    one_rank_s = sum(r[2] for r in alone) / len(alone)  # what one rank compiles with no store
+    assert sum(r[2] for r in shared) <= 1.2 * one_rank_s
