@@ -121,6 +121,10 @@ class Background:
         self.threads: dict[tuple[tuple[str, int], ...], threading.Thread] = {}
         self.failed: dict[tuple[tuple[str, int], ...], str] = {}  # a thread's exception
         self._flags: contextlib.ExitStack | None = None  # the Dynamo flags held while threads run
+        # the caps a finished thread warmed: a growth that fits them takes them
+        # (its own bucket, sized from the need at the overflowing step, is
+        # often a stride or two off the predicted one)
+        self.ready: dict[str, int] | None = None
         self.targets: set[tuple[tuple[str, int], ...]] = set()  # caps compiled for, started
         self.reached: set[tuple[tuple[str, int], ...]] = set()
         self.disabled = False
@@ -143,6 +147,8 @@ class Background:
         if current in self.targets and current not in self.reached:
             self.reached.add(current)
             self.stats.background_used += 1
+            if self.ready is not None and tuple(sorted(self.ready.items())) == current:
+                self.ready = None
         if self.disabled:
             return
         for r in resolved:
@@ -212,6 +218,8 @@ class Background:
                 if target in self.failed:
                     log.warning("a background compile for caps %s failed in its thread (%s); the growth will "
                                 "compile in the foreground", dict(target), self.failed.pop(target))
+                elif target not in self.reached:
+                    self.ready = dict(target)
         if not self.threads and self._flags is not None:
             self._flags.close()
             self._flags = None

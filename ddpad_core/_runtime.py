@@ -656,7 +656,8 @@ class PaddedModel(torch.nn.Module):
         trial = dict(self.cap_state)  # committed only if the call succeeds
         measure = self.memory_budget is not None and call == 0
         pad_seconds = 0.0
-        with _Scope(self.max_caps) as rows:  # the call's resolutions (plain tuples) under its ceilings
+        ready = self.background.ready if self.background is not None else None  # a warmed bucket to grow into
+        with _Scope(self.max_caps, ready) as rows:  # the call's resolutions (plain tuples) under its ceilings
             try:
                 if measure:
                     _reset_peak(data)

@@ -377,3 +377,26 @@ def test_background_mode_is_checked() -> None:
         ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", background_compile=0.7, background_mode="fork")
     with pytest.raises(ValueError, match="compile_cache"):
         ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", background_compile=0.7)
+
+
+def test_a_growth_takes_the_warmed_bucket_when_it_fits() -> None:
+    """The next cap is sized from the need at the overflowing step, which
+    jumps by more than a stride when an atom brings many edges: the thread
+    warmed 544 edges (the bucket a need of 417 grows to), the growth needs
+    446, whose own bucket is 592. It takes 544 (the need fits) and compiles
+    nothing. Without a warmed bucket the same growth goes to 592."""
+    model = _model()
+    with ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", background_compile=0.7, background_mode="thread",
+                    on_recompile="raise") as warmed:
+        warmed(_data(model, 20))  # 300 edges: cap 416; the thread warms 544
+        assert warmed.background is not None and warmed.background.wait(600)
+        warmed(_data(model, 20))  # sees the thread finished
+        graphs = warmed.stats.graphs
+        out = warmed(_data(model, 25))  # 446 edges
+        assert warmed.caps["edges"] == 544 and warmed.stats.graphs == graphs and warmed.stats.background_used == 1
+    plain = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager")
+    plain(_data(model, 20))
+    ref = plain(_data(model, 25))
+    assert plain.caps["edges"] == 592
+    for key in ("energy", "forces"):
+        torch.testing.assert_close(out[key], ref[key], rtol=0, atol=1e-12)
