@@ -284,9 +284,6 @@ _RESOLUTIONS: contextvars.ContextVar[Callable[[list[_Row]], None] | None] = cont
 _CEILINGS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar(
     "ddpad_ceilings", default=MappingProxyType({})
 )
-# caps a growth takes instead of its own bucket when the need fits them (a
-# graph already compiled there: a background thread warmed it)
-_PREFERRED: contextvars.ContextVar[Mapping[str, int] | None] = contextvars.ContextVar("ddpad_preferred", default=None)
 
 
 def current_agreement() -> Agreement | None:
@@ -405,27 +402,23 @@ class _Scope:
     :class:`CapResolution` (no object per key and call), under ``ceilings``.
     A class, not a generator: it is entered on every call."""
 
-    __slots__ = ("_ceilings", "_preferred", "_tokens", "rows")
+    __slots__ = ("_ceilings", "_tokens", "rows")
 
-    def __init__(self, ceilings: Mapping[str, int] | None, preferred: Mapping[str, int] | None = None) -> None:
+    def __init__(self, ceilings: Mapping[str, int] | None) -> None:
         self.rows: list[_Row] = []
         self._ceilings = _checked_ceilings(ceilings) if ceilings else None
-        self._preferred = preferred
-        self._tokens: tuple[Any, Any, Any] = (None, None, None)
+        self._tokens: tuple[Any, Any] = (None, None)
 
     def __enter__(self) -> list[_Row]:
         ceilings = _CEILINGS.set(self._ceilings) if self._ceilings is not None else None
-        preferred = _PREFERRED.set(self._preferred) if self._preferred is not None else None
-        self._tokens = (_RESOLUTIONS.set(self.rows.extend), ceilings, preferred)
+        self._tokens = (_RESOLUTIONS.set(self.rows.extend), ceilings)
         return self.rows
 
     def __exit__(self, *exc: object) -> None:
-        rows, ceilings, preferred = self._tokens
+        rows, ceilings = self._tokens
         _RESOLUTIONS.reset(rows)
         if ceilings is not None:
             _CEILINGS.reset(ceilings)
-        if preferred is not None:
-            _PREFERRED.reset(preferred)
 
 
 def resolutions(rows: list[_Row]) -> list[CapResolution]:
@@ -509,17 +502,12 @@ def _resolve(
             if cap > current.get(key, 0):  # a peer's cap (loaded or grown) is larger
                 current[key] = cap
     rows: list[_Row] = []
-    # (never under an agreement: every rank must size caps from the agreed needs alone)
-    preferred = (_PREFERRED.get() or {}) if agreement is None else {}
     for key, real, need, policy in zip(keys, reals, needs, policies):
         old = current.get(key)
         if old is None:
             cap = bucket(need, policy.initial_factor, policy.stride)
         elif not policy.fits(need, old):
             cap = max(policy.stride, bucket(need, policy.grow_factor, policy.stride))
-            warm = preferred.get(key)
-            if warm is not None and warm > old and policy.fits(need, warm):
-                cap = warm  # a graph is ready there; the need's own bucket may be one stride off
         else:
             cap = old
         ceiling = _ceiling(key, policy, ceilings)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from ._background import WARMING, Background
+from ._background import Background
 from ._capacity import (
     AgreementError,
     CapacityError,
@@ -150,10 +150,11 @@ class Stats:
         Of ``graphs``: those the backend compiled, and those it loaded from
         torch's caches (a compile-store entry, or torch's own on-disk cache).
     graphs_uncached
-        Of ``graphs_compiled``: those torch compiled past its caches
-        (AOTAutograd bypassed them, as for a graph that only returns its
-        inputs): nothing a store keeps, so every process compiles them
-        again, in milliseconds.
+        Of ``graphs_compiled``: those torch compiled past its caches (a
+        graph that only returns its inputs: AOTAutograd bypasses its cache,
+        or misses and saves nothing, and Inductor has nothing to compile):
+        nothing a store keeps, so every process compiles them again, in
+        milliseconds.
     compile_seconds, load_seconds
         Backend time of the compiled graphs, and of the loaded graphs plus
         reading compile-store entries (Dynamo's tracing is in neither).
@@ -162,9 +163,6 @@ class Stats:
     background_started, background_used, background_wasted
         Background compiles of the next bucket: started, whose caps a later
         growth reached, and finished or stopped without being reached.
-    background_graphs
-        Of ``graphs``: those a background thread compiled
-        (``background_mode="thread"``); no call's recompile.
     """
 
     calls: int = 0
@@ -193,7 +191,6 @@ class Stats:
     background_started: int = 0
     background_used: int = 0
     background_wasted: int = 0
-    background_graphs: int = 0
 
     def record(self, call: int, resolved: list[CapResolution]) -> bool:
         """Record the fills and growths of call ``call``'s cap resolutions;
@@ -240,7 +237,7 @@ class Stats:
 
 _COMPILE_FIELDS = (
     "graphs_compiled", "graphs_loaded", "compile_seconds", "load_seconds", "store_hits", "store_misses",
-    "background_started", "background_used", "background_wasted", "background_graphs", "graphs_uncached",
+    "background_started", "background_used", "background_wasted", "graphs_uncached",
 )
 
 
@@ -308,13 +305,10 @@ class _CountingBackend:
     def _count(self, compile_id: Any) -> None:
         frame = getattr(compile_id, "frame_id", None)
         frame = -1 if frame is None else int(frame)
+        if frame in self.stats.graphs_per_frame:  # a frame this model compiled before
+            self.stats.recompiles += 1
         self.stats.graphs += 1
         self.stats.graphs_per_frame[frame] = self.stats.graphs_per_frame.get(frame, 0) + 1
-        if WARMING.get():  # a background thread's graph: no call's recompile
-            self.stats.background_graphs += 1
-            return
-        if self.stats.graphs_per_frame[frame] > 1:  # a frame this model compiled before
-            self.stats.recompiles += 1
         call = self.stats.calls  # the call in progress
         self.stats.graphs_by_call[call] = self.stats.graphs_by_call.get(call, 0) + 1
 
@@ -594,7 +588,6 @@ class PaddedModel(torch.nn.Module):
         compile_cache: str | os.PathLike[str] | CompileStore | None = None,
         background_compile: float | None = None,
         background_workers: int = 1,
-        background_mode: Literal["process", "thread"] = "process",
         **compile_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -636,8 +629,10 @@ class PaddedModel(torch.nn.Module):
                 self.store = store_link(model, compile_cache, adapter, self.dynamo_config, **compile_kwargs)
                 weakref.finalize(self, self.store.flush)  # a backward compiled after the last call
             if background_compile is not None:
-                self.background = Background(self, float(background_compile), background_workers, compile_kwargs,
-                                             background_mode)
+                if self.store is None or adapter is None:
+                    raise ValueError("ddpad: background_compile needs compile_cache= and an adapter (its workers "
+                                     "compile into the store and rebuild the padder from the adapter)")
+                self.background = Background(self, float(background_compile), background_workers, compile_kwargs)
             self.compiled = _compile_model(model, self.stats, compile_region, self.store, **compile_kwargs)
         elif compile_kwargs or compile_cache is not None or background_compile is not None:
             given = sorted([*compile_kwargs, *(["compile_cache"] if compile_cache is not None else []),
@@ -656,8 +651,7 @@ class PaddedModel(torch.nn.Module):
         trial = dict(self.cap_state)  # committed only if the call succeeds
         measure = self.memory_budget is not None and call == 0
         pad_seconds = 0.0
-        ready = self.background.ready if self.background is not None else None  # a warmed bucket to grow into
-        with _Scope(self.max_caps, ready) as rows:  # the call's resolutions (plain tuples) under its ceilings
+        with _Scope(self.max_caps) as rows:  # the call's resolutions (plain tuples) under its ceilings
             try:
                 if measure:
                     _reset_peak(data)
@@ -777,15 +771,14 @@ class PaddedModel(torch.nn.Module):
             exc.add_note(f"ddpad: the failed call sized caps ({described}); rolled back to {self.cap_state}")
         raise exc
 
-    def _context(self, cap_state: dict[str, int], padder: GraphPadder | None = None) -> DistributedContext:
+    def _context(self, cap_state: dict[str, int]) -> DistributedContext:
         """The context the model's seam pads through: the active one's mesh and
-        metadata (a framework's), with this wrapper's padder (or ``padder``)
-        and caps."""
+        metadata (a framework's), with this wrapper's padder and caps."""
         outer = current_dd_context()
         if outer.graph_padder is not None:
             return outer  # a framework already drives padding
         inherited = {f.name: getattr(outer, f.name) for f in dataclasses.fields(DistributedContext)}
-        return DistributedContext(**{**inherited, "cap_state": cap_state, "graph_padder": padder or self.padder})
+        return DistributedContext(**{**inherited, "cap_state": cap_state, "graph_padder": self.padder})
 
     def _check_loaded_keys(self, resolved: list[CapResolution]) -> None:
         unknown = self._loaded_keys - {r.key for r in resolved}
@@ -1001,7 +994,6 @@ def wrap(
     compile_cache: str | os.PathLike[str] | CompileStore | None = None,
     background_compile: float | None = None,
     background_workers: int = 1,
-    background_mode: Literal["process", "thread"] = "process",
     **compile_kwargs: Any,
 ) -> PaddedModel:
     """Wrap ``model`` so it always runs at fixed padded shapes.
@@ -1046,21 +1038,13 @@ def wrap(
         :meth:`PaddedModel.close` or a ``with`` block (also done at exit).
     background_workers
         At most this many background compiles at once.
-    background_mode
-        ``"process"`` (default): worker processes compile into the store
-        (``compile_cache`` needed); the growing step still traces and loads.
-        ``"thread"``: a thread of this process calls the compiled model once
-        at the next caps, so the growth finds the graph in Dynamo's cache and
-        neither traces nor loads (no store needed; not under an agreement
-        group). ``ddpad/_background.py`` says why Dynamo is safe for it.
     """
     adapter = resolve_adapter(adapter)
     model = adapter.prepare_model(model) if adapter.prepare_model is not None else model
     return padded_model(
         model, adapter, padder=padder, compile=compile, caps=caps, on_recompile=on_recompile, shrink=shrink,
         max_caps=max_caps, memory_budget=memory_budget, on_overflow=on_overflow, compile_cache=compile_cache,
-        background_compile=background_compile, background_workers=background_workers,
-        background_mode=background_mode, **compile_kwargs,
+        background_compile=background_compile, background_workers=background_workers, **compile_kwargs,
     )
 
 

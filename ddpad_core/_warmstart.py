@@ -80,7 +80,7 @@ def format_warm_start(adapter: str, results: dict[str, dict[str, Any]]) -> str:
 
 
 def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype: str | None, steps: int,
-                every: int, background: float | None, background_mode: str = "process") -> dict[str, Any]:
+                every: int, background: float | None) -> dict[str, Any]:
     """A trajectory that gains one atom every ``every`` steps (a displaced
     copy of a random atom), each step timed (the child's side)."""
     import ddpad
@@ -94,8 +94,7 @@ def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype:
     atoms = adapter.default_system()
     rng = np.random.default_rng(0)
     times = []
-    with ddpad.wrap(model, adapter, compile_cache=store, backend=backend, background_compile=background,
-                    background_mode=background_mode) as wrapped:
+    with ddpad.wrap(model, adapter, compile_cache=store, backend=backend, background_compile=background) as wrapped:
         for step in range(steps):
             if step and step % every == 0:
                 i = int(rng.integers(len(atoms)))
@@ -119,7 +118,6 @@ def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype:
         "growth_calls": s.growth_calls, "graphs_compiled": s.graphs_compiled, "graphs_loaded": s.graphs_loaded,
         "compile_s": s.compile_seconds, "load_s": s.load_seconds, "background_started": s.background_started,
         "background_used": s.background_used, "background_wasted": s.background_wasted,
-        "background_graphs": s.background_graphs,
     }
 
 
@@ -157,29 +155,24 @@ def _run_child(function: str, spec: dict[str, Any], env: dict[str, str]) -> dict
     return json.loads(lines[-1][len("RESULT"):])
 
 
-GROWING = ("foreground", "background", "thread", "ladder")
-
-
 def growing(adapter: str, *, steps: int = 200, every: int = 5, threshold: float = 0.9, rungs: int = 4,
             backend: str = "inductor", device: str = "cpu", dtype: str | None = None,
-            workdir: str | None = None, variants: tuple[str, ...] = GROWING) -> dict[str, dict[str, Any]]:
+            workdir: str | None = None) -> dict[str, dict[str, Any]]:
     """The growing trajectory in fresh processes with empty stores and
     Inductor caches: growths compiled in the foreground; with background
-    compiles of the next bucket at ``threshold`` fill, in worker processes
-    ("background") or a thread ("thread"); and after a ``ddpad precompile``
-    ladder of ``rungs`` growths (its own process, timed apart as
-    ``precompile_s``)."""
+    compiles of the next bucket at ``threshold`` fill; and after a
+    ``ddpad precompile`` ladder of ``rungs`` growths (its own process,
+    timed apart as ``precompile_s``)."""
     results = {}
-    for name in variants:
+    for name in ("foreground", "background", "ladder"):
         with tempfile.TemporaryDirectory(prefix="ddpad-grow-", dir=workdir) as tmp:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
             common = {"adapter_name": adapter, "store": os.path.join(tmp, "store"), "backend": backend,
                       "device": device, "dtype": dtype}
             precompiled = _run_child("precompile_run", {**common, "rungs": rungs}, env) if name == "ladder" else None
-            background = threshold if name in ("background", "thread") else None
-            mode = "thread" if name == "thread" else "process"
+            background = threshold if name == "background" else None
             results[name] = _run_child("growing_run", {**common, "steps": steps, "every": every,
-                                                       "background": background, "background_mode": mode}, env)
+                                                       "background": background}, env)
             if precompiled is not None:
                 results[name]["precompile_s"] = precompiled["seconds"]
     return results

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import importlib.metadata
 import inspect
 import io
@@ -352,10 +351,6 @@ class _Announcing:
             raise AttributeError(name)
         return getattr(self._padder, name)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        # a background thread's own padder: the inner one (nothing to announce)
-        return copy.deepcopy(self._padder, memo)
-
 
 def _langevin(atoms: Any) -> Any:
     """Langevin MD at 300 K, 0.5 fs; the centre of mass held by ``FixCom``
@@ -469,12 +464,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _store_options(args: argparse.Namespace) -> dict[str, Any]:
     """Compile arguments: backend, compile store, background compiles."""
     options: dict[str, Any] = {"backend": args.backend}
-    thread = getattr(args, "background_mode", "process") == "thread"
     if not args.no_compile_cache:
         options["compile_cache"] = args.compile_cache
-    if getattr(args, "background_compile", None) is not None and (thread or not args.no_compile_cache):
-        options["background_compile"] = args.background_compile
-        options["background_mode"] = args.background_mode
+        if getattr(args, "background_compile", None) is not None:
+            options["background_compile"] = args.background_compile
     return options
 
 
@@ -709,10 +702,6 @@ def build_parser() -> argparse.ArgumentParser:
                             "so the growth only loads (default: 0.9)")
     p_run.add_argument("--no-background-compile", dest="background_compile", action="store_const", const=None,
                        help="no background compiles (default: on)")
-    p_run.add_argument("--background-mode", choices=("process", "thread"), default="process",
-                       help="process: workers compile the next bucket into the store, the growth loads it "
-                            "(default); thread: a thread of the run warms it, the growth neither traces nor "
-                            "loads (needs no store)")
     _verbose_option(p_run, argparse.SUPPRESS)
     p_run.set_defaults(func=cmd_run)
 

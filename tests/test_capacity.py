@@ -152,23 +152,3 @@ def test_steady_calls_record_and_respect_ceilings() -> None:
         resolve_caps(state, {"atoms": (True, policy)})
     with pytest.raises(ValueError, match=">= 0"):
         resolve_caps(state, {"atoms": (-1, policy)})
-
-
-def test_a_growth_takes_a_preferred_cap_only_when_the_need_fits_it() -> None:
-    """A warmed bucket (``_Scope(..., preferred)``) replaces a growth's own
-    bucket when the need fits it and it is larger than the old cap; first
-    sizing, keys that do not grow and needs beyond it are untouched, and
-    under an agreement it is ignored (ranks size caps from agreed needs)."""
-    from ddpad._capacity import _Scope, bucket, cap_agreement_over
-
-    policy = CapPolicy(initial_factor=1.35, grow_factor=1.3, stride=16)
-    state = {"edges": 416, "atoms": 48}
-    with _Scope(None, {"edges": 544, "atoms": 32}):
-        caps = resolve_caps(state, {"edges": (446, policy), "atoms": (20, policy), "new": (10, policy)})
-    assert caps == {"edges": 544, "atoms": 48, "new": bucket(10, 1.35, 16)}
-    state = {"edges": 416}
-    with _Scope(None, {"edges": 544}):
-        assert resolve_caps(state, {"edges": (600, policy)})["edges"] == bucket(600, 1.3, 16)  # does not fit
-    state = {"edges": 416}
-    with _Scope(None, {"edges": 544}), cap_agreement_over(lambda values: values, 2):
-        assert resolve_caps(state, {"edges": (446, policy)})["edges"] == bucket(446, 1.3, 16)

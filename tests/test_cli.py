@@ -87,17 +87,6 @@ def test_run_writes_caps_trajectory_and_numbers(tmp_path: pathlib.Path) -> None:
     assert f"caps loaded from ddpad-toy-caps.json: {caps['caps']}" in again.stdout
 
 
-def test_run_warms_growths_in_a_thread(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
-    """``--background-mode thread`` needs no store: with the store off the
-    run still warms its next bucket in a thread and says so."""
-    monkeypatch.chdir(tmp_path)
-    assert cli.main(["run", "toy", "--steps", "6", "--backend", "aot_eager", "--no-compile-cache",
-                     "--background-compile", "0.5", "--background-mode", "thread", "--json", "run.json"]) == 0
-    doc = json.loads((tmp_path / "run.json").read_text())
-    assert doc["background_started"] >= 1 and doc["unexplained"] == []
-
-
 def test_steps_per_second_exclude_the_first_call(capsys: pytest.CaptureFixture[str]) -> None:
     progress = cli._Progress(4)
     progress.started -= 100.0  # a 100 s first call (the compile) ...
