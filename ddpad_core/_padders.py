@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import enum
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -507,6 +507,20 @@ class _PadderBase:
             return None
         return plan
 
+    def _fitting_plan(self, data: Mapping[str, Tensor], key: tuple[Any, ...], dims: tuple[int, ...],
+                      build: Callable[[], _Plan]) -> tuple[_Plan, list[Tensor]]:
+        """The current plan if ``key`` and the input's dtypes and shapes fit
+        it, else a new one from ``build``; with the input's fields in the
+        plan's order."""
+        plan = self._plan_for(key)
+        srcs = list(map(data.__getitem__, plan.names)) if plan is not None else []
+        if plan is None or not plan.fits(srcs, dims):
+            plan = build()
+            srcs = list(map(data.__getitem__, plan.names))
+            if not plan.fits(srcs, dims):
+                raise ValueError(f"ddpad: {plan.mismatch(srcs, dims)}")
+        return plan, srcs
+
     def _new_plan(self, key: tuple[Any, ...]) -> _Plan:
         self._plan = None
         return _Plan(key, tuple(dict(m) for m in self._config()))
@@ -777,13 +791,7 @@ class COOPadder(_PadderBase):
         key = (caps[self.atoms_key], caps[self.edges_key], caps[self.systems_key], s,
                data[self.positions].device, tuple(data))
         dims = (n, e, s, s + 1)
-        plan = self._plan_for(key)
-        srcs = list(map(data.__getitem__, plan.names)) if plan is not None else []
-        if plan is None or not plan.fits(srcs, dims):
-            plan = self._plan_coo(data, key, n, s, caps)
-            srcs = [data[k] for k in plan.names]
-            if not plan.fits(srcs, dims):
-                raise ValueError(f"ddpad: {plan.mismatch(srcs, dims)}")
+        plan, srcs = self._fitting_plan(data, key, dims, lambda: self._plan_coo(data, key, n, s, caps))
         out = self._write(plan, data, srcs, dims)
         self._plan = plan
         return out
@@ -1022,13 +1030,8 @@ class DensePadder(_PadderBase):
         key = (caps[self.atoms_key], caps[self.systems_key], s, first.device, tuple(data), widths,
                tuple(alias_of.items()), neighbors)
         dims = (n, int(first.shape[0]), s, s + 1)
-        plan = self._plan_for(key)
-        srcs = list(map(data.__getitem__, plan.names)) if plan is not None else []
-        if plan is None or not plan.fits(srcs, dims):
-            plan = self._plan_dense(data, key, n, s, caps, present, alias_of)
-            srcs = [data[k] for k in plan.names]
-            if not plan.fits(srcs, dims):
-                raise ValueError(f"ddpad: {plan.mismatch(srcs, dims)}")
+        plan, srcs = self._fitting_plan(data, key, dims,
+                                        lambda: self._plan_dense(data, key, n, s, caps, present, alias_of))
         out = self._write(plan, data, srcs, dims)
         self._plan = plan
         return out
