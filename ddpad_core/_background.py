@@ -53,17 +53,22 @@ def next_caps(caps: Mapping[str, int], r: CapResolution) -> dict[str, int]:
 
 
 def ladder(caps: Mapping[str, int], resolved: list[CapResolution], rungs: int) -> list[dict[str, int]]:
-    """The next ``rungs`` caps a uniformly growing system reaches, one growth
-    each: every count that scales with the atoms (keys whose real count is at
-    least the ``atoms`` key's; ``systems`` does not) grows in proportion, and
-    the key that overflows first grows to its next bucket."""
-    atoms = next((r.real for r in resolved if r.key == "atoms"), 0)
-    scaled = [r for r in resolved if r.real >= atoms and r.need > 0]
+    """The next ``rungs`` caps of a growing system: each rung one bucket up in
+    every count that scales with the atoms (keys whose need is at least the
+    ``atoms`` key's; ``systems`` does not), the other keys as they are.
+
+    A growth takes the smallest rung that fits all its needs (see
+    ``PaddedModel``), so the rungs serve whichever key overflows first and
+    however fast the edges grow against the atoms. Built from caps and needs
+    only (agreed ones under an agreement group)."""
+    atoms = next((r.need for r in resolved if r.key == "atoms"), 0)
+    scaled = [r for r in resolved if r.need >= atoms and r.need > 0]
     current, out = dict(caps), []
     for _ in range(rungs if scaled else 0):
-        # the system growth factor at which each key overflows; the first grows
-        first = min(scaled, key=lambda r, c=current: (c[r.key] + (1 if r.policy.strict_gt else 0)) / r.need)
-        current = next_caps(current, dataclasses.replace(first, cap=current[first.key]))
+        for r in scaled:
+            current = next_caps(current, dataclasses.replace(r, cap=current[r.key]))
+        if current == (out[-1] if out else caps):  # every scaling key at its ceiling
+            break
         out.append(dict(current))
     return out
 
@@ -108,8 +113,7 @@ class Background:
         for r in resolved:
             if r.cap == 0 or r.need / r.cap < self.threshold or len(self.running) >= self.workers:
                 continue
-            # the caps of the next growth: the key that a uniformly growing
-            # system overflows first (not necessarily this one) one bucket up
+            # the next rung (every scaling key one bucket up): the growth takes it
             rungs = ladder(owner.cap_state, resolved, 1)
             target = tuple(sorted((rungs[0] if rungs else next_caps(owner.cap_state, r)).items()))
             if target in self.targets or target == current:
@@ -147,6 +151,7 @@ class Background:
             log_file.close()
         self.running[target] = proc
         self.targets.add(target)
+        owner.rungs.append(dict(target))  # the growth takes these caps if they fit
         self.stats.background_started += 1
         log.info("compiling caps %s in the background (pid %d)", dict(target), proc.pid)
 

@@ -13,7 +13,7 @@ import logging
 import math
 import operator
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -284,6 +284,9 @@ _RESOLUTIONS: contextvars.ContextVar[Callable[[list[_Row]], None] | None] = cont
 _CEILINGS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar(
     "ddpad_ceilings", default=MappingProxyType({})
 )
+# caps whose graphs are ready (warmed, or compiling in a background worker): a
+# growth takes the smallest that fits every need instead of its own buckets
+_RUNGS: contextvars.ContextVar[Sequence[Mapping[str, int]]] = contextvars.ContextVar("ddpad_rungs", default=())
 
 
 def current_agreement() -> Agreement | None:
@@ -402,23 +405,27 @@ class _Scope:
     :class:`CapResolution` (no object per key and call), under ``ceilings``.
     A class, not a generator: it is entered on every call."""
 
-    __slots__ = ("_ceilings", "_tokens", "rows")
+    __slots__ = ("_ceilings", "_rungs", "_tokens", "rows")
 
-    def __init__(self, ceilings: Mapping[str, int] | None) -> None:
+    def __init__(self, ceilings: Mapping[str, int] | None, rungs: Sequence[Mapping[str, int]] = ()) -> None:
         self.rows: list[_Row] = []
         self._ceilings = _checked_ceilings(ceilings) if ceilings else None
-        self._tokens: tuple[Any, Any] = (None, None)
+        self._rungs = rungs
+        self._tokens: tuple[Any, Any, Any] = (None, None, None)
 
     def __enter__(self) -> list[_Row]:
         ceilings = _CEILINGS.set(self._ceilings) if self._ceilings is not None else None
-        self._tokens = (_RESOLUTIONS.set(self.rows.extend), ceilings)
+        rungs = _RUNGS.set(self._rungs) if self._rungs else None
+        self._tokens = (_RESOLUTIONS.set(self.rows.extend), ceilings, rungs)
         return self.rows
 
     def __exit__(self, *exc: object) -> None:
-        rows, ceilings = self._tokens
+        rows, ceilings, rungs = self._tokens
         _RESOLUTIONS.reset(rows)
         if ceilings is not None:
             _CEILINGS.reset(ceilings)
+        if rungs is not None:
+            _RUNGS.reset(rungs)
 
 
 def resolutions(rows: list[_Row]) -> list[CapResolution]:
@@ -521,12 +528,32 @@ def _resolve(
                 )
             cap = max(ceiling, old or 0)
         rows.append((key, real, need, state.get(key), cap, policy))
+    # never under an agreement: every rank sizes its caps from the agreed needs alone
+    rung = _ready_rung(rows, current, ceilings) if agreement is None else None
+    if rung is not None:
+        rows = [(key, real, need, old, rung[key], policy) for key, real, need, old, _, policy in rows]
     for key, _, need, old, cap, _ in rows:
         if old is not None and cap != old:
             relation = ">" if need > old else ">="
             log.info("%s %d %s cap %d: grow to %d, expect one recompile", key, need, relation, old, cap)
         state[key] = cap
     return rows
+
+
+def _ready_rung(rows: list[_Row], current: Mapping[str, int], ceilings: Mapping[str, int]) -> Mapping[str, int] | None:
+    """The smallest ready rung a growth among ``rows`` can take: one that
+    holds every key, each at least its current cap, fitting its need and
+    within its ceiling (a need often overflows by more than a stride, so its
+    own bucket would miss the rung's graph); None when nothing grew."""
+    if not any(old is not None and cap != old for _, _, _, old, cap, _ in rows):
+        return None
+    fitting = [
+        rung for rung in _RUNGS.get()
+        if all(rung.get(k, -1) >= c for k, c in current.items())
+        and all(k in rung and p.fits(need, rung[k]) and rung[k] <= (_ceiling(k, p, ceilings) or rung[k])
+                for k, _, need, _, _, p in rows)
+    ]
+    return min(fitting, key=lambda rung: sum(rung.values()), default=None)
 
 
 def resolve_cap(

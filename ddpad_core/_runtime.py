@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import dataclasses
 import importlib.metadata
 import inspect
@@ -66,6 +67,12 @@ log = logging.getLogger("ddpad")
 
 _CAPS_FORMAT = "ddpad-caps/1"
 _HAS_ISOLATE = "isolate_recompiles" in inspect.signature(torch.compile).parameters
+_HAS_LIMIT = "recompile_limit" in inspect.signature(torch.compile).parameters
+# cap sets a wrapped model may compile beyond Dynamo's own recompile limit:
+# each is one cache entry of the model's frames, and past the limit Dynamo
+# runs the model eager without an error (grow-only buckets of x1.3 from 16
+# to 10^6 rows are 42 growths per key)
+_CAP_SET_ALLOWANCE = 64
 
 
 class RecompileError(RuntimeError):
@@ -163,6 +170,10 @@ class Stats:
     background_started, background_used, background_wasted
         Background compiles of the next bucket: started, whose caps a later
         growth reached, and finished or stopped without being reached.
+    rungs_warmed, rungs_used, warm_seconds
+        Ladder rungs compiled or loaded by the first call (``warm_ladder``),
+        the growths that took a ready rung (warmed, or a background
+        worker's caps), and the seconds warming took (part of the first call).
     """
 
     calls: int = 0
@@ -191,6 +202,9 @@ class Stats:
     background_started: int = 0
     background_used: int = 0
     background_wasted: int = 0
+    rungs_warmed: int = 0
+    rungs_used: int = 0
+    warm_seconds: float = 0.0
 
     def record(self, call: int, resolved: list[CapResolution]) -> bool:
         """Record the fills and growths of call ``call``'s cap resolutions;
@@ -238,6 +252,7 @@ class Stats:
 _COMPILE_FIELDS = (
     "graphs_compiled", "graphs_loaded", "compile_seconds", "load_seconds", "store_hits", "store_misses",
     "background_started", "background_used", "background_wasted", "graphs_uncached",
+    "rungs_warmed", "rungs_used", "warm_seconds",
 )
 
 
@@ -409,6 +424,8 @@ def _compile_counted(
     dynamic = kwargs.pop("dynamic", None)
     if _HAS_ISOLATE:  # recompiles count against this compile's own limit only
         kwargs.setdefault("isolate_recompiles", True)
+    if _HAS_LIMIT:  # growths are explained recompiles: Dynamo's limit stays for the unexplained ones
+        kwargs.setdefault("recompile_limit", torch._dynamo.config.recompile_limit + _CAP_SET_ALLOWANCE)
     counting = _CountingBackend(_inner_backend(backend, mode, options, dynamic), stats, store)
     return torch.compile(model, backend=counting, dynamic=dynamic, **kwargs)
 
@@ -588,6 +605,7 @@ class PaddedModel(torch.nn.Module):
         compile_cache: str | os.PathLike[str] | CompileStore | None = None,
         background_compile: float | None = None,
         background_workers: int = 1,
+        warm_ladder: int = 0,
         **compile_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -597,6 +615,8 @@ class PaddedModel(torch.nn.Module):
             raise ValueError(f"on_overflow must be 'raise' or 'eager', got {on_overflow!r}")
         if memory_budget is not None and (isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1):
             raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+        if isinstance(warm_ladder, bool) or not isinstance(warm_ladder, int) or warm_ladder < 0:
+            raise ValueError(f"warm_ladder must be a number of rungs >= 0, got {warm_ladder!r}")
         if not isinstance(padder, GraphPadder):
             raise TypeError(f"padder {padder!r} does not implement GraphPadder (pad / unpad)")
         self.model = model
@@ -620,6 +640,9 @@ class PaddedModel(torch.nn.Module):
         self._low: dict[str, tuple[int, int]] = {}  # key -> (streak, max need)
         self._forms: set[tuple[Any, ...]] = set()  # (call form, caps) that ran
         self.last_resolutions: list[CapResolution] = []  # of the last call that sized or grew a cap
+        self.warm_ladder = warm_ladder
+        # caps whose graphs are ready (warmed) or compiling (a background worker)
+        self.rungs: list[dict[str, int]] = []
         self.compiled: Callable[..., Any] = model
         self.store: _StoreLink | None = None
         self.background: Background | None = None
@@ -634,9 +657,10 @@ class PaddedModel(torch.nn.Module):
                                      "compile into the store and rebuild the padder from the adapter)")
                 self.background = Background(self, float(background_compile), background_workers, compile_kwargs)
             self.compiled = _compile_model(model, self.stats, compile_region, self.store, **compile_kwargs)
-        elif compile_kwargs or compile_cache is not None or background_compile is not None:
+        elif compile_kwargs or compile_cache is not None or background_compile is not None or warm_ladder:
             given = sorted([*compile_kwargs, *(["compile_cache"] if compile_cache is not None else []),
-                            *(["background_compile"] if background_compile is not None else [])])
+                            *(["background_compile"] if background_compile is not None else []),
+                            *(["warm_ladder"] if warm_ladder else [])])
             raise TypeError(f"compile=False takes no compile arguments, got {given}")
 
     # -- the call -------------------------------------------------------------
@@ -651,7 +675,7 @@ class PaddedModel(torch.nn.Module):
         trial = dict(self.cap_state)  # committed only if the call succeeds
         measure = self.memory_budget is not None and call == 0
         pad_seconds = 0.0
-        with _Scope(self.max_caps) as rows:  # the call's resolutions (plain tuples) under its ceilings
+        with _Scope(self.max_caps, self.rungs) as rows:  # the call's resolutions (plain tuples) under its ceilings
             try:
                 if measure:
                     _reset_peak(data)
@@ -684,6 +708,8 @@ class PaddedModel(torch.nn.Module):
         self.cap_state.update(trial)  # the call succeeded: commit its caps
         if measure:
             self._derive_ceilings(data)
+        if call == 0 and self.warm_ladder:
+            self._warm(data, args, kwargs, resolutions(rows))
         stats.calls += 1
         stats.pad_seconds += pad_seconds
         stats.last_pad_seconds = pad_seconds
@@ -700,6 +726,8 @@ class PaddedModel(torch.nn.Module):
             self.last_resolutions = resolved  # what sized the caps (policies included)
             if self.background is not None:
                 self.background.after_call(self, data, args, kwargs, resolved)
+            if call and self.rungs and self.cap_state in self.rungs and any(r.grew for r in resolved):
+                stats.rungs_used += 1
             if call == 0:
                 self._check_loaded_keys(resolved)
             if self.shrink is not None:
@@ -733,6 +761,45 @@ class PaddedModel(torch.nn.Module):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _warm(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any], resolved: list[CapResolution]) -> None:
+        """Compile (or load from the store) the next ``warm_ladder`` rungs on
+        this first call's input, the way a server captures its batch sizes
+        before serving: a growth that fits a rung then takes it and only
+        switches graphs. On a copy of the padder: the run's buffers stay."""
+        from ._background import ladder
+
+        if current_agreement() is not None or (self.pad_in_forward and current_dd_context().graph_padder is not None):
+            log.warning("ddpad: warm_ladder is off under an agreement group or a framework's padding context "
+                        "(a rank's warm calls may hold collectives its peers do not make); growths compile "
+                        "when they come")
+            return
+        rungs = [caps for caps in ladder(self.cap_state, resolved, self.warm_ladder)
+                 if all(caps[k] <= self.max_caps.get(k, caps[k]) for k in caps)]
+        padder = copy.deepcopy(self.padder)
+        form = _call_form(args, kwargs)
+        t0 = time.perf_counter()
+        for caps in rungs:
+            state = dict(caps)
+            try:
+                if self.pad_in_forward:
+                    with activate_dd_context(self._context(state, padder)):
+                        self._run(data, args, kwargs)
+                else:
+                    self._run(padder.pad(data, state), args, kwargs)
+            except Exception as exc:  # noqa: BLE001 - the call's own result stands; later growths compile
+                log.warning("ddpad: warming caps %s failed (%s: %s); the ladder stops below them", caps,
+                            type(exc).__name__, exc)
+                break
+            finally:
+                restore = getattr(padder, "restore", None)
+                if callable(restore):
+                    restore()
+            self._forms.add((form, tuple(caps.items())))
+            self.rungs.append(caps)
+            self.stats.rungs_warmed += 1
+            log.info("warmed caps %s", caps)
+        self.stats.warm_seconds += time.perf_counter() - t0
 
     def _eager(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The unpadded, uncompiled model (``on_overflow="eager"``)."""
@@ -771,14 +838,15 @@ class PaddedModel(torch.nn.Module):
             exc.add_note(f"ddpad: the failed call sized caps ({described}); rolled back to {self.cap_state}")
         raise exc
 
-    def _context(self, cap_state: dict[str, int]) -> DistributedContext:
+    def _context(self, cap_state: dict[str, int], padder: GraphPadder | None = None) -> DistributedContext:
         """The context the model's seam pads through: the active one's mesh and
-        metadata (a framework's), with this wrapper's padder and caps."""
+        metadata (a framework's), with this wrapper's padder (or ``padder``)
+        and caps."""
         outer = current_dd_context()
         if outer.graph_padder is not None:
             return outer  # a framework already drives padding
         inherited = {f.name: getattr(outer, f.name) for f in dataclasses.fields(DistributedContext)}
-        return DistributedContext(**{**inherited, "cap_state": cap_state, "graph_padder": self.padder})
+        return DistributedContext(**{**inherited, "cap_state": cap_state, "graph_padder": padder or self.padder})
 
     def _check_loaded_keys(self, resolved: list[CapResolution]) -> None:
         unknown = self._loaded_keys - {r.key for r in resolved}
@@ -943,7 +1011,7 @@ def _private_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 _PADDING_OPTIONS = frozenset({"padder", "caps", "on_recompile", "shrink", "max_caps", "memory_budget", "on_overflow",
-                              "compile_cache", "background_compile", "background_workers"})
+                              "compile_cache", "background_compile", "background_workers", "warm_ladder"})
 
 
 class Evaluator:
@@ -994,6 +1062,7 @@ def wrap(
     compile_cache: str | os.PathLike[str] | CompileStore | None = None,
     background_compile: float | None = None,
     background_workers: int = 1,
+    warm_ladder: int = 0,
     **compile_kwargs: Any,
 ) -> PaddedModel:
     """Wrap ``model`` so it always runs at fixed padded shapes.
@@ -1038,13 +1107,21 @@ def wrap(
         :meth:`PaddedModel.close` or a ``with`` block (also done at exit).
     background_workers
         At most this many background compiles at once.
+    warm_ladder
+        The first call also compiles (or, from ``compile_cache``, loads) the
+        next ``warm_ladder`` rungs of caps, each one bucket up in every count
+        that grows with the atoms; a later growth takes the smallest rung
+        that fits and runs a ready graph: no stall in the run, a longer first
+        call, and caps up to one rung larger than a growth alone would pick.
+        Off under an agreement group.
     """
     adapter = resolve_adapter(adapter)
     model = adapter.prepare_model(model) if adapter.prepare_model is not None else model
     return padded_model(
         model, adapter, padder=padder, compile=compile, caps=caps, on_recompile=on_recompile, shrink=shrink,
         max_caps=max_caps, memory_budget=memory_budget, on_overflow=on_overflow, compile_cache=compile_cache,
-        background_compile=background_compile, background_workers=background_workers, **compile_kwargs,
+        background_compile=background_compile, background_workers=background_workers, warm_ladder=warm_ladder,
+        **compile_kwargs,
     )
 
 

@@ -80,7 +80,7 @@ def format_warm_start(adapter: str, results: dict[str, dict[str, Any]]) -> str:
 
 
 def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype: str | None, steps: int,
-                every: int, background: float | None) -> dict[str, Any]:
+                every: int, background: float | None, warm: int = 0) -> dict[str, Any]:
     """A trajectory that gains one atom every ``every`` steps (a displaced
     copy of a random atom), each step timed (the child's side)."""
     import ddpad
@@ -94,7 +94,8 @@ def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype:
     atoms = adapter.default_system()
     rng = np.random.default_rng(0)
     times = []
-    with ddpad.wrap(model, adapter, compile_cache=store, backend=backend, background_compile=background) as wrapped:
+    with ddpad.wrap(model, adapter, compile_cache=store, backend=backend, background_compile=background,
+                    warm_ladder=warm) as wrapped:
         for step in range(steps):
             if step and step % every == 0:
                 i = int(rng.integers(len(atoms)))
@@ -112,34 +113,34 @@ def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype:
             times.append(time.perf_counter() - t0)
     s = wrapped.stats
     after = times[1:]
+    grew = sorted({e.call for e in s.growths})
     return {
         "atoms": [len(adapter.default_system()), len(atoms)], "times": times, "total_s": sum(times),
         "first_s": times[0], "max_after_first_s": max(after), "median_s": sorted(after)[len(after) // 2],
+        "growth_steps": grew, "max_growth_s": max((times[i] for i in grew), default=0.0),
         "growth_calls": s.growth_calls, "graphs_compiled": s.graphs_compiled, "graphs_loaded": s.graphs_loaded,
         "compile_s": s.compile_seconds, "load_s": s.load_seconds, "background_started": s.background_started,
         "background_used": s.background_used, "background_wasted": s.background_wasted,
+        "rungs_warmed": s.rungs_warmed, "rungs_used": s.rungs_used, "warm_s": s.warm_seconds,
     }
 
 
 def precompile_run(adapter_name: str, store: str, backend: str, device: str, dtype: str | None,
                    rungs: int) -> dict[str, Any]:
     """``ddpad precompile``'s ladder for the adapter's default model and
-    system (the child's side): the caps and the next ``rungs`` growths."""
+    system (the child's side): the caps and the next ``rungs`` rungs."""
     import ddpad
     import torch
     from ddpad import adapters
-    from ddpad._background import ladder
 
     adapter = adapters.get(adapter_name)
     torch.manual_seed(0)
     model = adapter.random_model(getattr(torch, dtype) if dtype else None, device)
     atoms = adapter.default_system()
     t0 = time.perf_counter()
-    wrapped = ddpad.wrap(model, adapter, compile_cache=store, backend=backend, on_recompile="ignore")
+    wrapped = ddpad.wrap(model, adapter, compile_cache=store, backend=backend, on_recompile="ignore",
+                         warm_ladder=rungs)
     wrapped(adapter.build_input(model, atoms), **adapter.call_options(False))
-    for caps in ladder(wrapped.caps, wrapped.last_resolutions, rungs):
-        wrapped.load_caps(caps)
-        wrapped(adapter.build_input(model, atoms), **adapter.call_options(False))
     wrapped.close()
     return {"seconds": time.perf_counter() - t0, "caps": wrapped.caps}
 
@@ -155,24 +156,27 @@ def _run_child(function: str, spec: dict[str, Any], env: dict[str, str]) -> dict
     return json.loads(lines[-1][len("RESULT"):])
 
 
-def growing(adapter: str, *, steps: int = 200, every: int = 5, threshold: float = 0.9, rungs: int = 4,
+def growing(adapter: str, *, steps: int = 200, every: int = 5, threshold: float = 0.9, rungs: int = 5,
             backend: str = "inductor", device: str = "cpu", dtype: str | None = None,
             workdir: str | None = None) -> dict[str, dict[str, Any]]:
     """The growing trajectory in fresh processes with empty stores and
     Inductor caches: growths compiled in the foreground; with background
-    compiles of the next bucket at ``threshold`` fill; and after a
-    ``ddpad precompile`` ladder of ``rungs`` growths (its own process,
-    timed apart as ``precompile_s``)."""
+    compiles of the next bucket at ``threshold`` fill; with a ladder of
+    ``rungs`` warmed by the first call; and the same after a ``ddpad
+    precompile`` of that ladder (its own process, timed apart as
+    ``precompile_s``), whose first call loads the rungs."""
     results = {}
-    for name in ("foreground", "background", "ladder"):
+    for name in ("foreground", "background", "warm", "precompiled"):
         with tempfile.TemporaryDirectory(prefix="ddpad-grow-", dir=workdir) as tmp:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
             common = {"adapter_name": adapter, "store": os.path.join(tmp, "store"), "backend": backend,
                       "device": device, "dtype": dtype}
-            precompiled = _run_child("precompile_run", {**common, "rungs": rungs}, env) if name == "ladder" else None
+            precompiled = (_run_child("precompile_run", {**common, "rungs": rungs}, env)
+                           if name == "precompiled" else None)
             background = threshold if name == "background" else None
+            warm = rungs if name in ("warm", "precompiled") else 0
             results[name] = _run_child("growing_run", {**common, "steps": steps, "every": every,
-                                                       "background": background}, env)
+                                                       "background": background, "warm": warm}, env)
             if precompiled is not None:
                 results[name]["precompile_s"] = precompiled["seconds"]
     return results
@@ -180,20 +184,27 @@ def growing(adapter: str, *, steps: int = 200, every: int = 5, threshold: float 
 
 def format_growing(adapter: str, results: dict[str, dict[str, Any]]) -> str:
     """A table: total, first step, slowest later step over the median, and
-    what compiled, loaded and ran in the background."""
+    what compiled, loaded, ran in the background and was warmed."""
     first = next(iter(results.values()))
     header = (f"{'growths':<11} {'total s':>8} {'first s':>8} {'slowest later s':>15} {'x median':>9} "
-              f"{'compiled':>8} {'loaded':>6} {'bg started/used':>15}")
+              f"{'slowest growth s':>16} {'x median':>9} {'compiled':>8} {'loaded':>6} {'bg started/used':>15} "
+              f"{'rungs warmed/used':>17}")
     rows = [f"{adapter}: {len(first['times'])} steps, {first['atoms'][0]} -> {first['atoms'][1]} atoms", header]
     for name, r in results.items():
         rows.append(f"{name:<11} {r['total_s']:>8.1f} {r['first_s']:>8.1f} {r['max_after_first_s']:>15.2f} "
-                    f"{r['max_after_first_s'] / r['median_s']:>9.1f} {r['graphs_compiled']:>8} {r['graphs_loaded']:>6} "
-                    f"{r['background_started']:>7}/{r['background_used']:<7}")
+                    f"{r['max_after_first_s'] / r['median_s']:>9.1f} {r['max_growth_s']:>16.4f} "
+                    f"{r['max_growth_s'] / r['median_s']:>9.1f} {r['graphs_compiled']:>8} {r['graphs_loaded']:>6} "
+                    f"{r['background_started']:>7}/{r['background_used']:<7} "
+                    f"{r.get('rungs_warmed', 0):>8}/{r.get('rungs_used', 0):<8}")
     return "\n".join(rows)
 
 
+_LABELS = {"foreground": "growths compiled in the foreground", "background": "background worker processes",
+           "warm": "ladder warmed by the first call", "precompiled": "ddpad precompile, then warmed (loaded)"}
+
+
 def plot_growing(adapter: str, results: dict[str, dict[str, Any]], path: str) -> None:
-    """Per-step wall time against step, foreground vs background growths."""
+    """Per-step wall time against step, one line per way of growing."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -201,7 +212,7 @@ def plot_growing(adapter: str, results: dict[str, dict[str, Any]], path: str) ->
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, r in results.items():
-        ax.semilogy(range(len(r["times"])), r["times"], label=f"growths compiled in the {name}")
+        ax.semilogy(range(len(r["times"])), r["times"], label=_LABELS.get(name, name))
     ax.set_xlabel("step (one atom added every 5 steps)")
     ax.set_ylabel("step wall time (s)")
     ax.set_title(f"ddpad {adapter}: a growing system")

@@ -377,6 +377,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(f"--steps must be >= 1, got {args.steps}")
     if args.traj_every < 1:
         raise CliError(f"--traj-every must be >= 1, got {args.traj_every}")
+    if args.warm_ladder < 0 or (args.warm_ladder and args.no_compile):
+        raise CliError(f"--warm-ladder takes a number of rungs >= 0 and needs compiling, got {args.warm_ladder}"
+                       + (" with --no-compile" if args.no_compile else ""))
     if args.caps is not None and not os.path.exists(args.caps) and not args.caps.endswith(".json"):
         raise CliError(f"caps file {args.caps!r} does not exist (and is not a .json path to write)")
     for path, option in ((args.caps, "--caps"), (args.traj, "--traj"), (args.json, "--json")):
@@ -468,6 +471,8 @@ def _store_options(args: argparse.Namespace) -> dict[str, Any]:
         options["compile_cache"] = args.compile_cache
         if getattr(args, "background_compile", None) is not None:
             options["background_compile"] = args.background_compile
+    if getattr(args, "warm_ladder", 0):
+        options["warm_ladder"] = args.warm_ladder
     return options
 
 
@@ -476,7 +481,9 @@ def _store_line(stats: Any) -> str:
     return (f"compile store: {stats.graphs_compiled} graph(s) compiled{uncached} in {stats.compile_seconds:.1f} s, "
             f"{stats.graphs_loaded} loaded in {stats.load_seconds:.1f} s ({stats.store_hits} hits, "
             f"{stats.store_misses} misses); background compiles: {stats.background_started} started, "
-            f"{stats.background_used} used")
+            f"{stats.background_used} used"
+            + (f"; warm ladder: {stats.rungs_warmed} rung(s) in {stats.warm_seconds:.1f} s, {stats.rungs_used} "
+               "growth(s) took one" if stats.rungs_warmed else ""))
 
 
 def cmd_precompile(args: argparse.Namespace) -> int:
@@ -493,21 +500,18 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     _check_fits(adapter, model, atoms)
 
     from ddpad import wrap
-    from ddpad._background import ladder
 
     wrapped = wrap(model, adapter, caps=_load_caps(args.caps), compile_cache=args.compile_cache,
-                   backend=args.backend, on_recompile="ignore")
+                   backend=args.backend, on_recompile="ignore", warm_ladder=args.ladder)
     data = adapter.build_input(model, atoms)
     print(f"ddpad precompile {adapter.name}: {what}, device {device}, {dtype}, store {args.compile_cache}")
     t0 = time.perf_counter()
     wrapped(data, **adapter.call_options(False))
-    resolved = wrapped.last_resolutions
-    print(f"caps {wrapped.caps}: {time.perf_counter() - t0:.1f} s", flush=True)
-    for caps in ladder(wrapped.caps, resolved, args.ladder):
-        wrapped.load_caps(caps)
-        t0 = time.perf_counter()
-        wrapped(adapter.build_input(model, atoms), **adapter.call_options(False))
-        print(f"caps {wrapped.caps}: {time.perf_counter() - t0:.1f} s", flush=True)
+    seconds, warm = time.perf_counter() - t0, wrapped.stats.warm_seconds
+    print(f"caps {wrapped.caps}: {seconds - warm:.1f} s")
+    for caps in wrapped.rungs:
+        print(f"caps {caps}")
+    print(f"{len(wrapped.rungs)} rung(s) in {warm:.1f} s")
     print(_store_line(wrapped.stats))
     return 0
 
@@ -700,6 +704,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--background-compile", type=float, default=0.9, metavar="FILL",
                        help="when a cap's fill passes FILL, compile its next bucket in a worker process, "
                             "so the growth only loads (default: 0.9)")
+    p_run.add_argument("--warm-ladder", type=int, default=0, metavar="K",
+                       help="the first call also compiles (or loads, after ddpad precompile --ladder K) the next K "
+                            "rungs of caps, so growths up to them never wait for a compile (default: 0)")
     p_run.add_argument("--no-background-compile", dest="background_compile", action="store_const", const=None,
                        help="no background compiles (default: on)")
     _verbose_option(p_run, argparse.SUPPRESS)
@@ -708,12 +715,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_pre = sub.add_parser(
         "precompile", help="compile a model's caps and the next growth buckets into the compile store",
         description="Compile the adapter's model at the system's caps (or --caps) and at the next --ladder "
-                    "caps a growing system reaches (one cap growth per rung, in the order a system growing "
-                    "uniformly overflows them) into the compile store, so a later run whose system grows "
-                    "loads instead of compiling.")
+                    "rungs of caps (each one bucket up in every count that grows with the atoms) into the "
+                    "compile store, so a later run whose system grows loads instead of compiling (and, with "
+                    "run --warm-ladder, loads them all before its first step).")
     _common_options(p_pre)
     _store_arguments(p_pre)
-    p_pre.add_argument("--ladder", type=int, default=2, metavar="K", help="cap growths to compile beyond the first caps (default: 2)")
+    p_pre.add_argument("--ladder", type=int, default=2, metavar="K", help="rungs to compile beyond the first caps (default: 2)")
     p_pre.add_argument("--caps", metavar="FILE.json", help="start from these caps, a caps file from ddpad run (default: the system's own caps)")
     _verbose_option(p_pre, argparse.SUPPRESS)
     p_pre.set_defaults(func=cmd_precompile)

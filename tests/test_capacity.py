@@ -152,3 +152,27 @@ def test_steady_calls_record_and_respect_ceilings() -> None:
         resolve_caps(state, {"atoms": (True, policy)})
     with pytest.raises(ValueError, match=">= 0"):
         resolve_caps(state, {"atoms": (-1, policy)})
+
+
+def test_a_growth_takes_the_smallest_ready_rung_that_fits() -> None:
+    """Rungs (caps with graphs ready): a need overflowing by more than a
+    stride still lands on the rung its own bucket would miss by a stride."""
+    from ddpad._capacity import _Scope
+
+    policies = {"atoms": CapPolicy(1.15, strict_gt=False), "edges": CapPolicy(1.35)}
+    rungs = [{"atoms": 96, "edges": 1216}, {"atoms": 64, "edges": 928}]  # any order: the smallest fitting wins
+
+    def grow(state: dict[str, int], atoms: int, edges: int, ready: list[dict[str, int]]) -> dict[str, int]:
+        with _Scope(None, ready):
+            return resolve_caps(state, {"atoms": (atoms, policies["atoms"]), "edges": (edges, policies["edges"])})
+
+    assert grow({"atoms": 48, "edges": 704}, 33, 717, []) == {"atoms": 48, "edges": 944}  # its own bucket
+    state = {"atoms": 48, "edges": 704}
+    assert grow(state, 33, 717, rungs) == {"atoms": 64, "edges": 928} == state  # every key moves to the rung
+    assert grow(state, 40, 900, rungs) == {"atoms": 64, "edges": 928}  # no growth: the caps stay
+    assert grow(state, 40, 986, rungs) == {"atoms": 96, "edges": 1216}
+    assert grow(state, 50, 1300, rungs) == {"atoms": 96, "edges": 1696}  # past every rung: its own bucket
+    # a rung below a current cap, or one a need does not fit, is not taken
+    assert grow({"atoms": 80, "edges": 704}, 33, 717, [{"atoms": 64, "edges": 928}]) == {"atoms": 80, "edges": 944}
+    assert grow({"atoms": 48, "edges": 704}, 64, 717, [{"atoms": 64, "edges": 928}]) == {"atoms": 96, "edges": 944}
+    assert grow({}, 33, 717, rungs) == {"atoms": 48, "edges": 976}  # first sight sizes from the need alone

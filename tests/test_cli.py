@@ -79,11 +79,12 @@ def test_run_writes_caps_trajectory_and_numbers(tmp_path: pathlib.Path) -> None:
 
     frames = ase.io.read(tmp_path / "md.xyz", index=":")
     assert len(frames) == 5 and len(frames[0]) == 27
-    # warm restart from the caps file: nothing grows
+    # warm restart from the caps file, with a warm ladder above it: nothing grows
     again = ddpad("run", "toy", "--steps", "4", "--backend", "eager", "--caps", "ddpad-toy-caps.json",
-                  "--json", "warm.json", cwd=tmp_path)
+                  "--json", "warm.json", "--warm-ladder", "2", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert json.loads((tmp_path / "warm.json").read_text())["growths"] == []
+    warm = json.loads((tmp_path / "warm.json").read_text())
+    assert warm["growths"] == [] and warm["rungs_warmed"] == 2 and "warm ladder: 2 rung(s) in " in again.stdout
     assert f"caps loaded from ddpad-toy-caps.json: {caps['caps']}" in again.stdout
 
 
@@ -212,6 +213,8 @@ def _state_dict(folder: pathlib.Path) -> None:
         (["run", "toy", "--traj", "nowhere/md.xyz"], None, "--traj 'nowhere/md.xyz': directory"),
         (["run", "toy", "--json", "nowhere/run.json"], None, "--json 'nowhere/run.json': directory"),
         (["run", "toy", "--traj-every", "0"], None, "--traj-every must be >= 1"),
+        (["run", "toy", "--warm-ladder", "-1"], None, "--warm-ladder takes a number of rungs >= 0"),
+        (["run", "toy", "--warm-ladder", "2", "--no-compile"], None, "with --no-compile"),
         (["bench", "toy", "--out", "nowhere/b.json"], None, "--out 'nowhere/b.json': directory"),
         (["bench", "toy", "--repeat", "0"], None, "--repeat must be >= 1"),
     ],

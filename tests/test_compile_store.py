@@ -195,28 +195,33 @@ _FIRST_CALL = textwrap.dedent("""
     sys.path.insert(0, sys.argv[2])
     from test_compile_store import _data, _model
     model = _model()
-    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_cache=sys.argv[1], on_recompile="raise")
+    warm = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_cache=sys.argv[1], on_recompile="raise", warm_ladder=warm)
     out = wrapped(_data(model))
     s = wrapped.stats
     print(json.dumps({"compiled": s.graphs_compiled, "loaded": s.graphs_loaded, "hits": s.store_hits,
+                      "rungs": s.rungs_warmed,
                       "misses": s.store_misses, "energy": out["energy"].tolist(), "forces": out["forces"].tolist()}))
 """)
 
 
 @pytest.mark.inductor
-def test_a_warm_process_loads_every_graph_and_matches_bit_for_bit(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("rungs", [0, 2], ids=["caps", "warm-ladder"])
+def test_a_warm_process_loads_every_graph_and_matches_bit_for_bit(tmp_path: pathlib.Path, rungs: int) -> None:
     """Inductor, two fresh processes with their own (empty) Inductor caches:
-    the second compiles nothing and returns the same bits."""
+    the second compiles nothing and returns the same bits; with a warm
+    ladder, its rungs too (what ``ddpad precompile --ladder`` leaves)."""
     runs = []
     for name in ("cold", "warm"):
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{name}")}
         res = subprocess.run([sys.executable, "-c", _FIRST_CALL, str(tmp_path / "store"),
-                              str(pathlib.Path(__file__).parent)], env=env, capture_output=True, text=True, check=False,
-                             timeout=900)
+                              str(pathlib.Path(__file__).parent), str(rungs)], env=env, capture_output=True,
+                             text=True, check=False, timeout=900)
         assert res.returncode == 0, res.stderr[-3000:]
         runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
     cold, warm = runs
-    assert cold["compiled"] >= 1 and cold["loaded"] == 0 and cold["misses"] == cold["compiled"]
+    assert cold["rungs"] == warm["rungs"] == rungs
+    assert cold["compiled"] >= 1 + rungs and cold["loaded"] == 0 and cold["misses"] == cold["compiled"]
     assert warm["compiled"] == 0 and warm["loaded"] == cold["compiled"] and warm["hits"] == cold["compiled"]
     assert warm["energy"] == cold["energy"] and warm["forces"] == cold["forces"]
 
@@ -229,9 +234,9 @@ def test_precompile_walks_the_bucket_ladder(tmp_path: pathlib.Path, capsys: pyte
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("caps {")]
     ladder = [json.loads(line[len("caps "):line.index("}") + 1].replace("'", '"')) for line in lines]
     assert len(ladder) == 3
-    for low, high in zip(ladder, ladder[1:]):  # one growth per rung, never a shrink
-        assert sum(high[k] > low[k] for k in low) == 1 and all(high[k] >= low[k] for k in low)
-    assert ladder[-1]["systems"] == ladder[0]["systems"]  # the system count does not scale with the atoms
+    for low, high in zip(ladder, ladder[1:]):  # every count that grows with the atoms one bucket up per rung
+        assert high["atoms"] > low["atoms"] and high["edges"] > low["edges"]
+        assert high["systems"] == low["systems"]  # the system count does not scale with the atoms
     assert cli.main(["precompile", "toy", "--ladder", "-1"]) == 2
 
 
@@ -309,3 +314,64 @@ def test_a_graph_past_torchs_caches_counts_as_uncached(tmp_path: pathlib.Path, c
         assert (stats.store_hits, stats.store_misses) == (0, 0)  # nothing to keep: no entry to hit or miss
     assert not list((tmp_path / "store").rglob("*.bin"))
     assert "caches missed" not in caplog.text
+
+
+def _growing(model: torch.nn.Module, atoms: int) -> list[dict[str, torch.Tensor]]:
+    """The toy cluster gaining one atom per frame, each 1.2 A from a random
+    atom: the edges grow about twice as fast as the atoms."""
+    import numpy as np
+
+    system, rng, frames = toy.ADAPTER.default_system(), np.random.default_rng(0), []
+    for _ in range(atoms):
+        extra = system[int(rng.integers(len(system)))].position + 1.2 * (d := rng.normal(size=3)) / np.linalg.norm(d)
+        system = system + system[:1].copy()
+        system.positions[-1] = extra
+        frames.append(toy.ADAPTER.build_input(model, system))
+    return frames
+
+
+def test_a_warm_ladder_serves_every_growth_without_a_compile(tmp_path: pathlib.Path) -> None:
+    """The first call warms 5 rungs; the system then grows 27 -> 66 atoms
+    through all of them: every growth takes a rung and compiles nothing,
+    exactly."""
+    model = _model()
+    frames = _growing(model, 40)
+    wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", on_recompile="raise", warm_ladder=5)
+    for data in frames:
+        out = wrapped(data)
+        ref = model(data)
+        torch.testing.assert_close(out["energy"], ref["energy"].detach(), rtol=0, atol=1e-10)
+        torch.testing.assert_close(out["forces"], ref["forces"].detach(), rtol=0, atol=1e-10)
+    s = wrapped.stats
+    assert s.rungs_warmed == 5 and s.growth_calls >= 4 and s.rungs_used == s.growth_calls
+    assert set(s.graphs_by_call) == {0} and s.unexplained == []
+    assert wrapped.caps in wrapped.rungs
+    # without the ladder every growth compiles
+    plain = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", on_recompile="raise")
+    for data in frames:
+        plain(data)
+    assert len(plain.stats.graphs_by_call) == 1 + plain.stats.growth_calls
+
+
+class _Fussy(toy.Morse):
+    """Fails above 96 atoms, as a model out of memory at a large rung would."""
+
+    def forward(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if data["pos"].shape[0] > 96:
+            raise RuntimeError("out of memory (simulated)")
+        return super().forward(data)
+
+
+def test_a_warm_ladder_stops_below_ceilings_and_a_failing_rung(caplog: pytest.LogCaptureFixture) -> None:
+    model = _Fussy(3.0).double()
+    capped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", warm_ladder=4, max_caps={"edges": 1300})
+    out = capped(_data(model))
+    assert [r["edges"] for r in capped.rungs] == [928, 1216] and capped.stats.rungs_warmed == 2
+    with caplog.at_level(logging.WARNING, logger="ddpad"):
+        failing = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", warm_ladder=4)
+        assert torch.equal(failing(_data(model))["energy"], out["energy"])  # the first call's result stands
+    assert [r["atoms"] for r in failing.rungs] == [64, 96] and failing.stats.rungs_warmed == 2
+    assert "warming caps {'atoms': 128" in caplog.text and "out of memory (simulated)" in caplog.text
+    assert failing.caps == capped.caps == {"atoms": 48, "systems": 4, "edges": 704}
+    with pytest.raises(ValueError, match="warm_ladder must be a number of rungs >= 0"):
+        ddpad.wrap(model, toy.ADAPTER, warm_ladder=-1)

@@ -231,17 +231,25 @@ def compile_core(model: SeamModel, compile_fn: Any) -> SeamModel:
     return model
 
 
-def test_pad_in_forward_through_the_context() -> None:
+@pytest.mark.parametrize("warm", [0, 3], ids=["growths", "warm-ladder"])
+def test_pad_in_forward_through_the_context(warm: int) -> None:
     model = SeamModel()
     plain = model.core
     wrapped = PaddedModel(model, padder(), pad_in_forward=True, backend="eager", on_recompile="raise",
-                          compile_region=compile_core)
+                          compile_region=compile_core, warm_ladder=warm)
     for data in trajectory(30, (1, 3), seed=13):
         ref = plain({k: v.clone() for k, v in data.items()})
         assert_same(wrapped(data), ref)
         assert ddpad.current_dd_context() is ddpad.NOT_DISTRIBUTED  # restored after the call
-    check_compiles(wrapped)
-    assert wrapped.stats.growths and set(wrapped.caps) == {"atoms", "edges", "systems"}
+    stats = wrapped.stats
+    assert stats.growths and set(wrapped.caps) == {"atoms", "edges", "systems"}
+    if not warm:
+        check_compiles(wrapped)
+        return
+    # the rungs warmed through the seam's context; the growths of the system
+    # count (which rungs keep as it is) compile, the others take a rung
+    assert stats.rungs_warmed == 3 and stats.rungs_used >= 1 and stats.unexplained == []
+    assert stats.max_graphs_per_frame == 1 + 3 + stats.growth_calls - stats.rungs_used
 
 
 def test_public_wrap_with_adapter_object() -> None:
@@ -270,3 +278,20 @@ def test_counting_backend_survives_deepcopy() -> None:
     fresh = type(backend).__new__(type(backend))  # how copy and pickle probe an instance
     with pytest.raises(AttributeError):
         fresh.inner
+
+
+def test_growth_past_dynamos_recompile_limit_still_compiles() -> None:
+    """Every cap set is one cache entry of the model's frame: past Dynamo's
+    default limit of 8 a growing run fell back to eager without a word."""
+    from _mpnn import batch_of, system
+
+    model = MPNN()
+    wrapped = padded_model(model, backend="aot_eager", on_recompile="raise")
+    gen = torch.Generator().manual_seed(0)
+    n = 4
+    while n < 400:  # each size overflows the last one's caps: about 12 growths
+        data = batch_of([system(n, (n / 0.12) ** (1 / 3), 3, gen)])
+        assert_same(wrapped(data), model({k: v.clone() for k, v in data.items()}))
+        n = int(n * 1.45) + 1
+    assert len({e.call for e in wrapped.stats.growths}) > torch._dynamo.config.recompile_limit
+    check_compiles(wrapped)
