@@ -766,7 +766,11 @@ class PaddedModel(torch.nn.Module):
         """Compile (or load from the store) the next ``warm_ladder`` rungs on
         this first call's input, the way a server captures its batch sizes
         before serving: a growth that fits a rung then takes it and only
-        switches graphs. On a copy of the padder: the run's buffers stay."""
+        switches graphs. Each rung runs twice (its compile, then a steady
+        call) and the run's own caps once more, so that neither a growth's
+        step nor the next step is the first steady call after a compile
+        (which costs about 3 steady calls). On a copy of the padder: the
+        run's buffers stay."""
         from ._background import ladder
 
         if current_agreement() is not None or (self.pad_in_forward and current_dd_context().graph_padder is not None):
@@ -780,26 +784,37 @@ class PaddedModel(torch.nn.Module):
         form = _call_form(args, kwargs)
         t0 = time.perf_counter()
         for caps in rungs:
-            state = dict(caps)
-            try:
-                if self.pad_in_forward:
-                    with activate_dd_context(self._context(state, padder)):
-                        self._run(data, args, kwargs)
-                else:
-                    self._run(padder.pad(data, state), args, kwargs)
-            except Exception as exc:  # noqa: BLE001 - the call's own result stands; later growths compile
-                log.warning("ddpad: warming caps %s failed (%s: %s); the ladder stops below them", caps,
-                            type(exc).__name__, exc)
+            if not (self._warm_call(padder, caps, data, args, kwargs)
+                    and self._warm_call(padder, caps, data, args, kwargs)):
                 break
-            finally:
-                restore = getattr(padder, "restore", None)
-                if callable(restore):
-                    restore()
             self._forms.add((form, tuple(caps.items())))
             self.rungs.append(caps)
             self.stats.rungs_warmed += 1
             log.info("warmed caps %s", caps)
+        self._warm_call(padder, self.cap_state, data, args, kwargs)
         self.stats.warm_seconds += time.perf_counter() - t0
+
+    def _warm_call(self, padder: GraphPadder, caps: Mapping[str, int], data: Any, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> bool:
+        """One call of the compiled model at ``caps`` through ``padder``;
+        False (and a warning) when it raised: the first call's own result
+        stands, and growths past these caps compile when they come."""
+        state = dict(caps)
+        try:
+            if self.pad_in_forward:
+                with activate_dd_context(self._context(state, padder)):
+                    self._run(data, args, kwargs)
+            else:
+                self._run(padder.pad(data, state), args, kwargs)
+        except Exception as exc:  # noqa: BLE001 - reported; the run goes on
+            log.warning("ddpad: warming caps %s failed (%s: %s); no rung from there up is warmed", caps,
+                        type(exc).__name__, exc)
+            return False
+        finally:
+            restore = getattr(padder, "restore", None)
+            if callable(restore):
+                restore()
+        return True
 
     def _eager(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The unpadded, uncompiled model (``on_overflow="eager"``)."""

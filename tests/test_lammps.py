@@ -178,7 +178,9 @@ def test_mpi_exchange_wait_is_bounded(tmp_path: pathlib.Path) -> None:
 def test_two_ranks_compile_once_through_a_shared_store(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Inductor on 2 ranks with empty Inductor caches: without a store both
     ranks compile the same graph; with one shared store one rank compiles it
-    and the other waits for the entry and loads it."""
+    and the other waits for the entry and loads it, and the compile seconds
+    summed over both ranks stay within 1.2 x one rank's without a store
+    (issue 14)."""
     runs = {}
     for name, extra in (("alone", ()), ("shared", ("--compile-cache", str(tmp_path / "store")))):
         monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / f"inductor-{name}"))
@@ -189,8 +191,9 @@ def test_two_ranks_compile_once_through_a_shared_store(tmp_path: pathlib.Path, m
     graphs = max(r["graphs"] for r in shared)
     assert all(r["graphs"] == graphs for r in shared)
     assert sum(r["graphs_compiled"] for r in shared) == graphs  # each graph compiled on one rank only
-    assert sum(r["compile_s"] for r in shared) <= 1.2 * max(r["compile_s"] for r in shared)
     assert sum(r["graphs_compiled"] for r in runs["alone"]) == 2 * graphs
+    one_rank_s = sum(r["compile_s"] for r in runs["alone"]) / 2  # what one rank compiles with no store
+    assert sum(r["compile_s"] for r in shared) <= 1.2 * one_rank_s
 
 
 @ALLEGRO
