@@ -54,15 +54,15 @@ def next_caps(caps: Mapping[str, int], r: CapResolution) -> dict[str, int]:
 
 def ladder(caps: Mapping[str, int], resolved: list[CapResolution], rungs: int) -> list[dict[str, int]]:
     """The next ``rungs`` caps of a growing system: each rung one bucket up in
-    every count that scales with the atoms (keys whose need is at least the
-    ``atoms`` key's; ``systems`` does not), the other keys as they are.
+    every count that grows with it (atoms, edges, a dense padder's neighbour
+    columns: every key but ``systems``, the number of systems, which a
+    growing system keeps), the other keys as they are.
 
     A growth takes the smallest rung that fits all its needs (see
     ``PaddedModel``), so the rungs serve whichever key overflows first and
     however fast the edges grow against the atoms. Built from caps and needs
     only (agreed ones under an agreement group)."""
-    atoms = next((r.need for r in resolved if r.key == "atoms"), 0)
-    scaled = [r for r in resolved if r.need >= atoms and r.need > 0]
+    scaled = [r for r in resolved if r.key != "systems" and r.need > 0]
     current, out = dict(caps), []
     for _ in range(rungs if scaled else 0):
         for r in scaled:

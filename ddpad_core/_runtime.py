@@ -1125,7 +1125,7 @@ def wrap(
     warm_ladder
         The first call also compiles (or, from ``compile_cache``, loads) the
         next ``warm_ladder`` rungs of caps, each one bucket up in every count
-        that grows with the atoms; a later growth takes the smallest rung
+        but the number of systems; a later growth takes the smallest rung
         that fits and runs a ready graph: no stall in the run, a longer first
         call, and caps up to one rung larger than a growth alone would pick.
         Off under an agreement group.

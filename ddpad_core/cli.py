@@ -715,7 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_pre = sub.add_parser(
         "precompile", help="compile a model's caps and the next growth buckets into the compile store",
         description="Compile the adapter's model at the system's caps (or --caps) and at the next --ladder "
-                    "rungs of caps (each one bucket up in every count that grows with the atoms) into the "
+                    "rungs of caps (each one bucket up in every count but the number of systems) into the "
                     "compile store, so a later run whose system grows loads instead of compiling (and, with "
                     "run --warm-ladder, loads them all before its first step).")
     _common_options(p_pre)

@@ -375,3 +375,22 @@ def test_a_warm_ladder_stops_below_ceilings_and_a_failing_rung(caplog: pytest.Lo
     assert failing.caps == capped.caps == {"atoms": 48, "systems": 4, "edges": 704}
     with pytest.raises(ValueError, match="warm_ladder must be a number of rungs >= 0"):
         ddpad.wrap(model, toy.ADAPTER, warm_ladder=-1)
+
+
+def test_the_ladder_grows_every_count_but_the_systems() -> None:
+    """A dense padder's neighbour columns (AIMNet2's keys) are fewer than the
+    atoms but grow with them: every rung moves them too; ``systems`` stays;
+    the ladder ends where every growing key is at its ceiling."""
+    from ddpad import CapPolicy
+    from ddpad._background import ladder
+    from ddpad._capacity import CapResolution
+
+    def resolved(atoms_max: int | None = None, neighbours_max: int | None = None) -> list[CapResolution]:
+        return [CapResolution("atoms", 50, 50, None, 64, CapPolicy(1.15, 1.15, strict_gt=False, max_cap=atoms_max)),
+                CapResolution("systems", 9, 9, None, 12, CapPolicy(1.0, 1.5, 4)),
+                CapResolution("neighbors", 11, 11, None, 16, CapPolicy(1.0, 1.25, 8, max_cap=neighbours_max))]
+
+    caps = {"atoms": 64, "systems": 12, "neighbors": 16}
+    assert ladder(caps, resolved(), 2) == [{"atoms": 80, "systems": 12, "neighbors": 24},
+                                           {"atoms": 96, "systems": 12, "neighbors": 32}]
+    assert ladder(caps, resolved(80, 24), 3) == [{"atoms": 80, "systems": 12, "neighbors": 24}]
