@@ -113,9 +113,11 @@ class Background:
         for r in resolved:
             if r.cap == 0 or r.need / r.cap < self.threshold or len(self.running) >= self.workers:
                 continue
-            # the next rung (every scaling key one bucket up): the growth takes it
+            # the next rung (every key but systems one bucket up: the growth
+            # takes it) when r grows in it, else r alone one bucket up
             rungs = ladder(owner.cap_state, resolved, 1)
-            target = tuple(sorted((rungs[0] if rungs else next_caps(owner.cap_state, r)).items()))
+            grows = bool(rungs) and rungs[0][r.key] > owner.cap_state[r.key]
+            target = tuple(sorted((rungs[0] if grows else next_caps(owner.cap_state, r)).items()))
             if target in self.targets or target == current:
                 continue
             self._start(owner, target, data, args, kwargs)

@@ -394,3 +394,25 @@ def test_the_ladder_grows_every_count_but_the_systems() -> None:
     assert ladder(caps, resolved(), 2) == [{"atoms": 80, "systems": 12, "neighbors": 24},
                                            {"atoms": 96, "systems": 12, "neighbors": 32}]
     assert ladder(caps, resolved(80, 24), 3) == [{"atoms": 80, "systems": 12, "neighbors": 24}]
+
+
+def test_a_background_worker_grows_the_system_count_when_it_fills(tmp_path: pathlib.Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rungs keep the number of systems, so a worker started because the
+    system count filled compiles that key one bucket up, not a rung whose
+    caps the growth of the system count would not fit."""
+    import dataclasses
+
+    model = _model()
+    wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=tmp_path, background_compile=0.9)
+    assert wrapped.background is not None
+    started: list[dict[str, int]] = []
+    monkeypatch.setattr(wrapped.background, "_start", lambda owner, target, *rest: started.append(dict(target)))
+    wrapped(_data(model))  # every fill below 0.9: nothing starts
+    assert started == []
+    caps = wrapped.caps
+    full = [dataclasses.replace(r, real=r.cap - 1, need=r.cap) if r.key == "systems" else r
+            for r in wrapped.last_resolutions]
+    wrapped.background.after_call(wrapped, None, (), {}, full)
+    assert len(started) == 1 and started[0]["systems"] > caps["systems"]
+    assert {k: v for k, v in started[0].items() if k != "systems"} == {k: v for k, v in caps.items() if k != "systems"}
