@@ -557,6 +557,14 @@ def derive_ceilings(caps: Mapping[str, int], peak_bytes: int, budget_bytes: int)
     return {key: max(1, int(cap * scale)) for key, cap in caps.items()}
 
 
+def _restore(padder: Any) -> None:
+    """Undo what the padder's last ``pad`` changed in the caller's input (a
+    padder that changes nothing has no ``restore``)."""
+    restore = getattr(padder, "restore", None)
+    if callable(restore):
+        restore()
+
+
 def _is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
         isinstance(exc, RuntimeError) and ("out of memory" in str(exc) or "can't allocate memory" in str(exc))
@@ -702,9 +710,7 @@ class PaddedModel(torch.nn.Module):
                 self._report_failure(agreement, exchanges_before, exc)
                 self._fail(call, resolutions(rows), exc)
             finally:
-                restore = getattr(self.padder, "restore", None)
-                if callable(restore):
-                    restore()
+                _restore(self.padder)
         self.cap_state.update(trial)  # the call succeeded: commit its caps
         if measure:
             self._derive_ceilings(data)
@@ -811,9 +817,7 @@ class PaddedModel(torch.nn.Module):
                         type(exc).__name__, exc)
             return False
         finally:
-            restore = getattr(padder, "restore", None)
-            if callable(restore):
-                restore()
+            _restore(padder)
         return True
 
     def _eager(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
