@@ -108,15 +108,16 @@ def _uma(n: int, gen: torch.Generator) -> dict[str, Tensor]:
 
 def _aimnet(n: int, gen: torch.Generator, *, sentinel_row: bool) -> dict[str, Tensor]:
     """aimnet's flat batch: one molecule, short- and long-range neighbour
-    matrices (entries ``n`` are sentinels), the pad atom last if ``sentinel_row``."""
+    matrices (entries ``n`` are sentinels; int32, as aimnet's calculator
+    makes them), the pad atom last if ``sentinel_row``."""
     rows = n + 1 if sentinel_row else n
     data = {
         "coord": torch.rand(rows, 3, generator=gen) * n ** (1 / 3) * 2,
         "numbers": torch.randint(1, 9, (rows,), generator=gen),
         "charge": torch.zeros(1), "mult": torch.ones(1),
         "mol_idx": torch.zeros(rows, dtype=torch.long),
-        "nbmat": torch.randint(0, n + 1, (rows, EDGES_PER_ATOM), generator=gen),
-        "nbmat_lr": torch.randint(0, n + 1, (rows, 2 * EDGES_PER_ATOM), generator=gen),
+        "nbmat": torch.randint(0, n + 1, (rows, EDGES_PER_ATOM), generator=gen, dtype=torch.int32),
+        "nbmat_lr": torch.randint(0, n + 1, (rows, 2 * EDGES_PER_ATOM), generator=gen, dtype=torch.int32),
     }
     if sentinel_row:
         data["numbers"][n] = 0

@@ -909,6 +909,37 @@ class COOPadder(_PadderBase):
                 torch.where(mask, fill, src, out=views[i])
 
 
+_ARITHMETIC_FROM = 4096
+
+
+def _arithmetic_reroute(mat: Tensor) -> bool:
+    """Whether :func:`_reroute` of ``mat`` takes the arithmetic form: integers
+    of at most 32 bits (AIMNet2's ``int32`` matrices) on a host device."""
+    return mat.device.type in _HOST_DEVICES and not mat.dtype.is_floating_point and mat.dtype.itemsize <= 4
+
+
+def _reroute(real: Tensor, n: int, pad: Tensor, pad_index: int, out: Tensor, scratch: Tensor | None) -> None:
+    """``out = where(real >= n, pad, real)``: neighbour entries past the real
+    atoms (sentinels) point at the pad index.
+
+    With ``scratch`` (see :func:`_arithmetic_reroute`), in four vectorised
+    ops instead: ``c = min(real, n)``; ``t = max(c - (n - 1), 0)``, which is
+    1 exactly at the sentinels; ``out = c + t * (pad - n)``. On the CPU the
+    bool mask of ``ge`` and ``where`` are not vectorised: 17 us against 57
+    over 80,000 int32 entries on one thread (a copy: 3). Below
+    ``_ARITHMETIC_FROM`` entries the two extra calls cost more than they
+    save (4 us a call at 20 atoms). For int64 the two forms cost the same,
+    and on a GPU ``where`` is two kernels, not four.
+    """
+    if scratch is None or real.numel() < _ARITHMETIC_FROM:
+        torch.where(real >= n, pad, real, out=out)
+        return
+    torch.clamp(real, max=n, out=out)
+    torch.sub(out, n - 1, out=scratch)
+    scratch.clamp_(min=0)
+    out.add_(scratch, alpha=pad_index - n)
+
+
 _DENSE_ATOMS = CapPolicy(initial_factor=1.15, grow_factor=1.15, stride=16, strict_gt=False)
 _BATCH_ATOMS = CapPolicy(initial_factor=1.15, grow_factor=1.30, stride=16)
 _NEIGHBORS = CapPolicy(initial_factor=1.0, grow_factor=1.25, stride=8)
@@ -1060,7 +1091,10 @@ class DensePadder(_PadderBase):
             mat = data[name]
             k_cap = caps.get(self.width_keys[name], mat.shape[1])
             grid = _Grid(self._buffer(name, (n_cap, k_cap), mat), pad_index)
-            plan.mats.append((name, grid, torch.tensor(pad_index, dtype=mat.dtype, device=mat.device)))
+            # scratch for the arithmetic reroute (_reroute), where it is the faster one
+            scratch = _Grid(torch.empty_like(grid.buf), None) if _arithmetic_reroute(mat) else None
+            pad = torch.tensor(pad_index, dtype=mat.dtype, device=mat.device)
+            plan.mats.append((name, grid, pad, pad_index, scratch))
             plan.aliases[name] = grid.alias
             plan.tracked.append(grid)
         for name, kept in alias_of.items():  # aliases of a padded matrix stay aliases
@@ -1097,16 +1131,19 @@ class DensePadder(_PadderBase):
                 count = dims[plan.layout[i][1]]
                 concat[plan.names[i]] = torch.cat([srcs[i], plan.dst[i].tail(count, srcs[i])])
         plan.write_dead(dims, stale)
-        masks: dict[str, Tensor] = {}
-        for name, grid, pad in plan.mats:
+        for name, grid, pad, pad_index, scratch in plan.mats:
             mat = data[name]
             real = mat[:n] if self.sentinel_row else mat
-            masks[name] = sentinel = real >= n
-            torch.where(sentinel, pad, real, out=grid.real(n, real.shape[1]))
-            grid.settle(n, real.shape[1])
+            k = real.shape[1]
+            _reroute(real, n, pad, pad_index, grid.real(n, k), None if scratch is None else scratch.real(n, k))
+            grid.settle(n, k)
+        masks: dict[str, Tensor] = {}
         for name, mat_name, grid, fill in plan.neighbors:
             real = data[name].detach()  # as before: not differentiated through
             real = real[:n] if self.sentinel_row else real
+            if mat_name not in masks:
+                mat = data[mat_name]
+                masks[mat_name] = (mat[:n] if self.sentinel_row else mat) >= n
             sentinel = masks[mat_name]
             mask = sentinel.view(*sentinel.shape, *(1,) * (real.dim() - 2))
             torch.where(mask, fill, real, out=grid.real(n, real.shape[1]))

@@ -201,7 +201,10 @@ def dense_graphs(draw: st.DrawFn, sentinel_row: bool) -> dict[str, torch.Tensor]
     k = draw(st.integers(1, 12))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
     rows = n + 1 if sentinel_row else n
-    nbmat = torch.randint(0, n + 1, (rows, k), generator=gen)  # n is the sentinel
+    # n is the sentinel, and anything above it; AIMNet2's matrices are int32
+    # (the CPU reroutes those with arithmetic, others with where)
+    dtype = draw(st.sampled_from([torch.int64, torch.int32]))
+    nbmat = torch.randint(0, n + 3, (rows, k), generator=gen).to(dtype)
     if sentinel_row:
         nbmat[n] = n
     mol = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
@@ -310,9 +313,10 @@ def _coo_step(n: int, e: int, gen: torch.Generator, shift: float = 0.0, sentinel
     }
 
 
-def _dense_step(cls: type[DensePadder], n: int, k: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+def _dense_step(cls: type[DensePadder], n: int, k: int, gen: torch.Generator,
+                dtype: torch.dtype = torch.int64) -> dict[str, torch.Tensor]:
     rows = n + 1 if cls is DensePadder else n
-    nbmat = torch.randint(0, n + 1, (rows, k), generator=gen)
+    nbmat = torch.randint(0, n + 2, (rows, k), generator=gen).to(dtype)
     return {
         "coord": torch.randn(rows, 3, generator=gen), "numbers": torch.randint(1, 9, (rows,), generator=gen),
         "mol_idx": torch.zeros(rows, dtype=torch.long), "charge": torch.zeros(1),
@@ -351,15 +355,15 @@ def test_coo_reused_buffers_equal_a_fresh_pad(steps: list[tuple[int, int, int]],
 @given(
     steps=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12)), min_size=2, max_size=6),
     cls=st.sampled_from([DensePadder, DenseBatchPadder]), placement=st.sampled_from(["own", "join"]),
-    seed=st.integers(0, 1000),
+    seed=st.integers(0, 1000), dtype=st.sampled_from([torch.int64, torch.int32]),
 )
 def test_dense_reused_buffers_equal_a_fresh_pad(steps: list[tuple[int, int]], cls: type[DensePadder], placement: str,
-                                               seed: int) -> None:
+                                               seed: int, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(seed)
     caps = {"atoms": 48, "neighbors": 16, "systems": 4}
     reused = dense_padder(cls, placement)
     for n, k in steps:
-        data = _dense_step(cls, n, k, gen)
+        data = _dense_step(cls, n, k, gen, dtype)
         out = reused.pad_to(data, caps)
         ref = dense_padder(cls, placement).pad_to(data, caps)
         for key in ref:
@@ -403,6 +407,32 @@ def test_coo_rewrites_only_rows_between_the_old_and_new_count() -> None:
     out = padder.pad_to(data, caps)
     assert torch.equal(out["node_attrs"][:50], data["node_attrs"]) and torch.equal(out["shifts"][:220], data["shifts"])
     assert bool((out["node_attrs"][50:] == POISON).all()) and bool((out["shifts"][220:] == POISON).all())
+
+
+@pytest.mark.parametrize("cls", [DensePadder, DenseBatchPadder])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_dense_sentinels_point_at_the_pad_index_at_every_size(cls: type[DensePadder], dtype: torch.dtype) -> None:
+    """Large int32 matrices take the arithmetic reroute on the CPU, small
+    ones and int64 ``where``: every entry ``>= n`` (sentinels, and larger
+    ones) becomes the pad index and every other entry stays, at the sizes
+    on both sides of the switch, with the counts going down and up."""
+    gen = torch.Generator().manual_seed(3)
+    padder = dense_padder(cls, "own")
+    state: dict[str, int] = {}
+    for n in (20, 2000, 150, 1500):
+        data = _dense_step(cls, n, 40, gen, dtype)
+        data["nbmat"][:n] = torch.randint(-2, n + 4, (n, 40), generator=gen).to(dtype)
+        out = padder.pad(data, state)
+        n_cap = out["nbmat"].shape[0]
+        pad_index = n_cap - 1 if cls is DensePadder else n_cap
+        real = data["nbmat"][:n]
+        expected = torch.where(real >= n, torch.tensor(pad_index, dtype=dtype), real)
+        assert out["nbmat"].dtype == dtype
+        assert torch.equal(out["nbmat"][:n, :40], expected), n
+        assert bool((out["nbmat"][:, 40:] == pad_index).all()) and bool((out["nbmat"][n:] == pad_index).all())
+        sentinel = (real >= n)[..., None].expand(n, 40, 3)
+        assert bool((out["shifts"][:n, :40][sentinel] == 0).all())
+        assert torch.equal(out["shifts"][:n, :40][~sentinel], data["shifts"][:n][~sentinel])
 
 
 def test_dense_rewrites_only_the_stale_block() -> None:
