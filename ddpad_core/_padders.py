@@ -1091,8 +1091,9 @@ class DensePadder(_PadderBase):
             mat = data[name]
             k_cap = caps.get(self.width_keys[name], mat.shape[1])
             grid = _Grid(self._buffer(name, (n_cap, k_cap), mat), pad_index)
-            # scratch for the arithmetic reroute (_reroute), where it is the faster one
-            scratch = _Grid(torch.empty_like(grid.buf), None) if _arithmetic_reroute(mat) else None
+            scratch = None  # for the arithmetic reroute (_reroute), where it is the faster one
+            if _arithmetic_reroute(mat):
+                scratch = _Grid(self._buffer(f"{name} scratch", (n_cap, k_cap), mat), None)
             pad = torch.tensor(pad_index, dtype=mat.dtype, device=mat.device)
             plan.mats.append((name, grid, pad, pad_index, scratch))
             plan.aliases[name] = grid.alias
