@@ -918,9 +918,10 @@ def _arithmetic_reroute(mat: Tensor) -> bool:
     return mat.device.type in _HOST_DEVICES and not mat.dtype.is_floating_point and mat.dtype.itemsize <= 4
 
 
-def _reroute(real: Tensor, n: int, pad: Tensor, pad_index: int, out: Tensor, scratch: Tensor | None) -> None:
+def _reroute(real: Tensor, n: int, pad: Tensor, pad_index: int, out: Tensor, scratch: Tensor | None) -> Tensor | None:
     """``out = where(real >= n, pad, real)``: neighbour entries past the real
-    atoms (sentinels) point at the pad index.
+    atoms (sentinels) point at the pad index. Returns the sentinel mask when
+    it built one (neighbour fields reuse it), else None.
 
     With ``scratch`` (see :func:`_arithmetic_reroute`), in four vectorised
     ops instead: ``c = min(real, n)``; ``t = max(c - (n - 1), 0)``, which is
@@ -932,12 +933,14 @@ def _reroute(real: Tensor, n: int, pad: Tensor, pad_index: int, out: Tensor, scr
     and on a GPU ``where`` is two kernels, not four.
     """
     if scratch is None or real.numel() < _ARITHMETIC_FROM:
-        torch.where(real >= n, pad, real, out=out)
-        return
+        sentinel = real >= n
+        torch.where(sentinel, pad, real, out=out)
+        return sentinel
     torch.clamp(real, max=n, out=out)
     torch.sub(out, n - 1, out=scratch)
     scratch.clamp_(min=0)
     out.add_(scratch, alpha=pad_index - n)
+    return None
 
 
 _DENSE_ATOMS = CapPolicy(initial_factor=1.15, grow_factor=1.15, stride=16, strict_gt=False)
@@ -1132,20 +1135,21 @@ class DensePadder(_PadderBase):
                 count = dims[plan.layout[i][1]]
                 concat[plan.names[i]] = torch.cat([srcs[i], plan.dst[i].tail(count, srcs[i])])
         plan.write_dead(dims, stale)
+        masks: dict[str, Tensor | None] = {}
         for name, grid, pad, pad_index, scratch in plan.mats:
             mat = data[name]
             real = mat[:n] if self.sentinel_row else mat
             k = real.shape[1]
-            _reroute(real, n, pad, pad_index, grid.real(n, k), None if scratch is None else scratch.real(n, k))
+            masks[name] = _reroute(real, n, pad, pad_index, grid.real(n, k),
+                                   None if scratch is None else scratch.real(n, k))
             grid.settle(n, k)
-        masks: dict[str, Tensor] = {}
         for name, mat_name, grid, fill in plan.neighbors:
             real = data[name].detach()  # as before: not differentiated through
             real = real[:n] if self.sentinel_row else real
-            if mat_name not in masks:
-                mat = data[mat_name]
-                masks[mat_name] = (mat[:n] if self.sentinel_row else mat) >= n
             sentinel = masks[mat_name]
+            if sentinel is None:  # the arithmetic reroute builds none: once per matrix
+                mat = data[mat_name]
+                sentinel = masks[mat_name] = (mat[:n] if self.sentinel_row else mat) >= n
             mask = sentinel.view(*sentinel.shape, *(1,) * (real.dim() - 2))
             torch.where(mask, fill, real, out=grid.real(n, real.shape[1]))
             grid.settle(n, real.shape[1])

@@ -116,3 +116,27 @@ def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
     head = next(i for i, line in enumerate(lines) if line.startswith("padder"))
     rows = [line.split()[:2] for line in lines[head + 1:]]
     assert rows == [[p, f"{n:,}"] for p in PADDERS for n in QUICK_SIZES]
+
+
+def test_a_neighbour_field_adds_one_kernel_to_a_dense_pad() -> None:
+    """Lattice shifts riding on the neighbour matrix cost their own ``where``
+    only: the sentinel mask is the one the matrix's reroute built, not
+    computed again (on a GPU: one kernel more, not two)."""
+    from ddpad import DensePadder
+    from ddpad._overhead import _ops
+
+    n, k = 30, 8
+    gen = torch.Generator().manual_seed(0)
+    data = {
+        "coord": torch.randn(n + 1, 3, generator=gen), "numbers": torch.randint(1, 9, (n + 1,), generator=gen),
+        "charge": torch.zeros(1), "nbmat": torch.randint(0, n + 1, (n + 1, k), generator=gen, dtype=torch.int32),
+        "shifts": torch.randn(n + 1, k, 3, generator=gen),
+    }
+    meta = {key: value.to("meta") for key, value in data.items()}
+    counts = []
+    for neighbor_fields in ({}, {"shifts": ("nbmat", 0.0)}):
+        padder = DensePadder(atom_fields={"coord": 0.0, "numbers": 0}, system_count="charge",
+                             neighbor_fields=neighbor_fields)
+        state: dict[str, int] = {}
+        counts.append(_ops(lambda p=padder, s=state: p.pad(meta, s)))
+    assert counts[1] == counts[0] + 1, counts
