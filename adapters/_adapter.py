@@ -30,18 +30,28 @@ class Adapter:
         Output key of the per-system energy in the native output (with
         ``properties``, the flat key is ``"energy"``: :attr:`flat_energy_key`).
     atom_outputs
-        Per-atom output keys (dead rows stripped by ``unpad``).
+        Per-atom output keys, for readers of the declaration; ddpad reads
+        none: ``unpad`` strips the keys the padder is configured with
+        (``make_padder``). Default: none.
     system_outputs
-        Per-system output keys (the dead system stripped by ``unpad``).
+        Per-system output keys, likewise informational. Default: none.
     cutoff
         ``model -> float``: the model's interaction cutoff.
     build_input
         ``(model, atoms, **options) -> native input`` from ``ase.Atoms`` (or a
         list of them).
     install_hint
-        The pip command that installs the model package.
+        The pip command that installs the model package. A built-in
+        adapter's comes from its registry entry (``ddpad.adapters._registry``),
+        the one place it is written.
     requires
-        Import names of the packages the adapter needs.
+        IMPORT names (not distribution names) of the packages the adapter
+        needs, the model package's own FIRST (mace: ``("mace", "e3nn")``,
+        allegro: ``("allegro", "nequip")``): the registry imports each
+        before handing the adapter out (missing: ``pip install`` hint;
+        failing to import: reported as broken), and the compile store keys
+        on the versions of their distributions. A built-in adapter's come
+        from its registry entry, as ``install_hint``.
     pad_in_forward
         The model builds its graph in ``forward`` and pads at its own seam
         through ``current_dd_context().maybe_pad_graph`` (UMA style).
@@ -120,10 +130,10 @@ class Adapter:
     name: str
     make_padder: Callable[[torch.nn.Module], GraphPadder]
     energy_key: str
-    atom_outputs: tuple[str, ...]
     cutoff: Callable[[torch.nn.Module], float]
     build_input: Callable[..., Any]
     install_hint: str
+    atom_outputs: tuple[str, ...] = ()
     system_outputs: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
     pad_in_forward: bool = False

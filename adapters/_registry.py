@@ -7,11 +7,14 @@ import contextvars
 import importlib
 import importlib.metadata
 import importlib.util
+import pathlib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
+
+from ddpad._noise import quiet
 
 from ._adapter import Adapter
 
@@ -28,19 +31,26 @@ class AdapterNotFound(KeyError):
 
 
 class AdapterUnavailable(ImportError):
-    """The adapter exists but cannot be used here (its model package is missing,
-    its plugin fails to import, or it is not implemented yet). ``install_hint``
-    is the command that installs what is missing, when known."""
+    """The adapter exists but cannot be used here. ``reason`` says why:
+    ``"missing"`` (its model package is not installed), ``"broken"`` (the
+    model package or the plugin is installed but fails to import) or
+    ``"unavailable"`` (not an adapter, or not implemented yet).
+    ``install_hint`` is the command that installs what is missing, when known."""
 
-    def __init__(self, message: str, *, install_hint: str | None = None) -> None:
+    def __init__(self, message: str, *, install_hint: str | None = None, reason: str = "unavailable") -> None:
         super().__init__(message)
         self.install_hint = install_hint
+        self.reason = reason
 
 
 @dataclass(frozen=True)
 class _Builtin:
+    """A built-in adapter's entry: where it is and, read without importing it
+    (``ddpad list``), what it needs. The one place ``requires`` and
+    ``install_hint`` of a built-in are written (:func:`builtin_declaration`)."""
+
     target: str | None  # "module:attr"; None while the adapter is not built yet
-    requires: tuple[str, ...]
+    requires: tuple[str, ...]  # import names, the model package's first
     install_hint: str
 
 
@@ -54,6 +64,13 @@ _BUILTINS: Mapping[str, _Builtin] = MappingProxyType({
     "orb": _Builtin("ddpad.adapters.orb:ADAPTER", ("orb_models",), "pip install 'ddpad[orb]'"),
     "mattersim": _Builtin("ddpad.adapters.mattersim:ADAPTER", ("mattersim",), "pip install 'ddpad[mattersim]'"),
 })
+
+
+def builtin_declaration(name: str) -> dict[str, Any]:
+    """``requires`` and ``install_hint`` of the built-in adapter ``name``, for
+    its :class:`Adapter` declaration."""
+    builtin = _BUILTINS[name]
+    return {"requires": builtin.requires, "install_hint": builtin.install_hint}
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,66 @@ def available() -> list[str]:
     return sorted(names)
 
 
+def _unavailable(name: str, requires: tuple[str, ...], install_hint: str) -> AdapterUnavailable | None:
+    """Why the adapter ``name`` cannot be used here (None when it can): a
+    required package is not installed, or one is and fails to import (which
+    is what using the adapter would meet first)."""
+    missing = _missing(requires)
+    if missing:
+        return AdapterUnavailable(
+            f"ddpad adapter {name!r} needs {', '.join(missing)}, which is not installed: {install_hint}",
+            install_hint=install_hint, reason="missing",
+        )
+    for module in requires:
+        try:
+            with quiet():  # the package's known import-time warnings and banners
+                importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - any import failure makes the adapter unusable
+            broken = AdapterUnavailable(
+                f"ddpad adapter {name!r} is broken: {module} is installed but fails to import: "
+                f"{_last_line(exc)}{_culprit(exc, module)}; fix: {install_hint} in a fresh environment "
+                "(or reinstall the failing package for this torch)",
+                install_hint=install_hint, reason="broken",
+            )
+            broken.__cause__ = exc  # the whole traceback, for who looks
+            return broken
+    return None
+
+
+def _last_line(exc: BaseException) -> str:
+    """``Type: message``, the message's last non-empty line (as a traceback ends)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1]}" if lines else type(exc).__name__
+
+
+def _culprit(exc: BaseException, module: str) -> str:
+    """`` (in DIST VERSION, beside torch VERSION)`` naming the installed
+    distribution the failure came from, when it is not ``module``'s own nor
+    torch's (e.g. a torchvision built for another torch); else ``""``."""
+    import traceback
+
+    owners = importlib.metadata.packages_distributions()
+    own = {module.split(".")[0], "torch"}
+    culprit = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        parts = pathlib.PurePath(frame.filename).parts
+        site = next((i for i, part in enumerate(parts) if part in ("site-packages", "dist-packages")), None)
+        if site is None or site + 1 >= len(parts):
+            continue
+        top = parts[site + 1].removesuffix(".py")
+        if top in owners and top not in own:
+            culprit = owners[top][0]
+    if culprit is None:
+        return ""
+    try:
+        version = importlib.metadata.version(culprit)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+    import torch
+
+    return f" (in {culprit} {version}, beside torch {torch.__version__})"
+
+
 def _missing(requires: tuple[str, ...]) -> list[str]:
     missing = []
     for name in requires:
@@ -127,7 +204,8 @@ def register(adapter: Adapter, *, replace_existing: bool = False) -> None:
 
 def _load_target(name: str, target: str) -> Any:
     module_name, _, attr = target.partition(":")
-    module = importlib.import_module(module_name)
+    with quiet():
+        module = importlib.import_module(module_name)
     return getattr(module, attr) if attr else module
 
 
@@ -151,8 +229,11 @@ def get(name: str) -> Adapter:
     AdapterNotFound
         Unknown name; the message lists the known ones.
     AdapterUnavailable
-        The model package is missing (the message gives the pip command), the
-        plugin fails to import, or the adapter is not implemented yet.
+        The model package is missing (the message gives the pip command), it
+        or the plugin is installed but fails to import (``reason ==
+        "broken"``: the message is the failure's last line and the fix), or
+        the adapter is not implemented yet. Every required package is
+        imported here, so a broken one is met here, not halfway through a run.
     """
     state = _STATE.get()
     if name in state.loaded:
@@ -166,13 +247,9 @@ def get(name: str) -> Adapter:
                 f"ddpad adapter {name!r} is declared but not implemented in ddpad "
                 f"{_version()} yet; no model can be wrapped with it"
             )
-        missing = _missing(builtin.requires)
-        if missing:
-            raise AdapterUnavailable(
-                f"ddpad adapter {name!r} needs {', '.join(missing)}, which is not installed: "
-                f"{builtin.install_hint}",
-                install_hint=builtin.install_hint,
-            )
+        problem = _unavailable(name, builtin.requires, builtin.install_hint)
+        if problem is not None:
+            raise problem
         adapter = _check_adapter(name, _load_target(name, builtin.target), "ddpad")
     else:
         plugins = _plugins()
@@ -182,36 +259,39 @@ def get(name: str) -> Adapter:
             )
         ep = plugins[name]
         try:
-            obj = ep.load()
+            with quiet():
+                obj = ep.load()
         except Exception as exc:
             raise AdapterUnavailable(
                 f"ddpad plugin adapter {name!r} ({ep.value}) failed to import: "
-                f"{type(exc).__name__}: {exc}"
+                f"{type(exc).__name__}: {exc}",
+                reason="broken",
             ) from exc
         adapter = _check_adapter(name, obj, f"plugin {ep.value}")
-        missing = _missing(adapter.requires)
-        if missing:
-            raise AdapterUnavailable(
-                f"ddpad adapter {name!r} needs {', '.join(missing)}, which is not installed: "
-                f"{adapter.install_hint}",
-                install_hint=adapter.install_hint,
-            )
+        problem = _unavailable(name, adapter.requires, adapter.install_hint)
+        if problem is not None:
+            raise problem
     _STATE.set(_State(state.registered, MappingProxyType({**state.loaded, name: adapter})))
     return adapter
 
 
 def status(name: str) -> dict[str, Any]:
     """What ``ddpad list`` shows for one adapter, without raising: kind
-    (built-in / registered / plugin), whether it loads, the install hint and
-    the error if it does not."""
+    (built-in / registered / plugin), ``state`` (``"installed"``: it loads
+    and its packages import; else the :attr:`AdapterUnavailable.reason`:
+    ``"missing"``, ``"broken"``, ``"unavailable"``), whether it is usable
+    (``ok``), what it requires, the install hint and the error if any.
+    Loading it imports its model package (the only way to know it works)."""
     kind = "built-in" if name in _BUILTINS else "registered" if name in _STATE.get().registered else "plugin"
-    info: dict[str, Any] = {"name": name, "kind": kind, "ok": True, "error": None}
+    info: dict[str, Any] = {"name": name, "kind": kind, "ok": True, "state": "installed", "error": None}
+    if name in _BUILTINS:
+        info["requires"] = list(_BUILTINS[name].requires)
     try:
         adapter = get(name)
         info["install_hint"] = adapter.install_hint
         info["requires"] = list(adapter.requires)
     except (AdapterUnavailable, AdapterNotFound) as exc:
-        info.update(ok=False, error=str(exc))
+        info.update(ok=False, error=str(exc), state=getattr(exc, "reason", "unavailable"))
         hint = getattr(exc, "install_hint", None)
         if hint is None and name in _BUILTINS:
             hint = _BUILTINS[name].install_hint

@@ -1,9 +1,10 @@
 """Print ddpad's per-call host overhead table (``ddpad._overhead``).
 
 ``python benchmarks/overhead.py [--quick] [--sizes 20 100 ...] [--calls 50]``;
-``--padders-from FILE`` measures the padders of another ``_padders.py``
-(e.g. an older version) in place of the installed ones, for before/after
-tables on the same machine.
+``--padders-from PATH`` measures the padders of another ``_padders``
+(a ``_padders.py`` file or a ``_padders/`` package folder, e.g. an older
+version) in place of the installed ones, for before/after tables on the
+same machine.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 
 
@@ -22,12 +24,19 @@ def _use_padders_from(path: str) -> None:
     import ddpad.adapters.uma
     from ddpad import _padders
 
-    spec = importlib.util.spec_from_file_location("ddpad._padders_alt", path)
+    if os.path.isdir(path):  # a package: its relative imports resolve under ddpad._padders_alt
+        spec = importlib.util.spec_from_file_location(
+            "ddpad._padders_alt", os.path.join(path, "__init__.py"), submodule_search_locations=[path])
+    else:
+        spec = importlib.util.spec_from_file_location("ddpad._padders_alt", path)
     assert spec is not None and spec.loader is not None
     alt = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = alt
     spec.loader.exec_module(alt)
-    alt.Fill = _padders.Fill  # the adapters' fill markers are the installed enum's
+    # the adapters' fill markers are the installed enum's, in every module of alt that compares them
+    for name, module in list(sys.modules.items()):
+        if (name == spec.name or name.startswith(spec.name + ".")) and hasattr(module, "Fill"):
+            module.Fill = _padders.Fill
     for module in (ddpad, _padders, ddpad.adapters.mace, ddpad.adapters.uma, ddpad.adapters.aimnet2):
         for name in ("COOPadder", "DensePadder", "DenseBatchPadder"):
             if hasattr(module, name):
@@ -40,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--padders", nargs="+", help="names from ddpad._overhead.PADDERS (default: all)")
-    parser.add_argument("--padders-from", help="a _padders.py to measure instead of the installed one")
+    parser.add_argument("--padders-from", help="a _padders.py or _padders/ to measure instead of the installed one")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     if args.padders_from:

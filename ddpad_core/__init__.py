@@ -2,51 +2,69 @@
 
 Pads every step's graph to fixed, grow-only, bucketed capacities with inert
 dead atoms and edges, and grows those capacities in lockstep across ranks.
+
+Public names load on first use (PEP 562): ``import ddpad`` and the command
+line's ``-h`` import no torch until something needs it.
 """
 
-from ._capacity import (
-    Agreement,
-    AgreementError,
-    CapacityError,
-    CapPolicy,
-    CapResolution,
-    bucket,
-    cap_agreement_group,
-    cap_agreement_over,
-    cap_ceilings,
-    record_resolutions,
-    resolve_cap,
-    resolve_caps,
-)
-from ._context import (
-    NOT_DISTRIBUTED,
-    DistributedContext,
-    GatherMeta,
-    HaloMeta,
-    activate_dd_context,
-    current_dd_context,
-)
-from ._padders import COOPadder, DenseBatchPadder, DensePadder, Fill, FillSpec
-from ._protocol import GraphPadder
-from ._runtime import (
-    CapEvent,
-    Evaluator,
-    PaddedModel,
-    RecompileError,
-    ShrinkPolicy,
-    Stats,
-    UnpaddedCompiled,
-    compile_counted,
-    counting_backend,
-    derive_ceilings,
-    load_caps,
-    resolve_adapter,
-    save_caps,
-    wrap,
-)
-from ._store import CompileStore, default_store_dir, model_fingerprint
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+
+if TYPE_CHECKING:  # what the names are, for type checkers and readers
+    from ._agreement import Agreement, AgreementError, cap_agreement_group, cap_agreement_over
+    from ._caps_file import load_caps, save_caps
+    from ._capacity import (
+        CapacityError,
+        CapPolicy,
+        CapResolution,
+        bucket,
+        cap_ceilings,
+        record_resolutions,
+        resolve_cap,
+        resolve_caps,
+    )
+    from ._compile import compile_counted, counting_backend
+    from ._context import (
+        NOT_DISTRIBUTED,
+        DistributedContext,
+        GatherMeta,
+        HaloMeta,
+        activate_dd_context,
+        current_dd_context,
+    )
+    from ._evaluator import Evaluator, UnpaddedCompiled
+    from ._memory import derive_ceilings
+    from ._padded import PaddedModel
+    from ._padders import COOPadder, DenseBatchPadder, DensePadder, Fill, FillSpec, PadderBase
+    from ._protocol import GraphPadder
+    from ._shrink import ShrinkPolicy
+    from ._stats import CapEvent, Stats
+    from ._store import CompileStore, default_store_dir, model_fingerprint
+    from ._strict import RecompileError
+    from ._wrap import resolve_adapter, wrap
+
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(('Agreement', 'AgreementError', 'cap_agreement_group', 'cap_agreement_over'), "._agreement"),
+    **dict.fromkeys(('CapPolicy', 'CapResolution', 'CapacityError', 'bucket', 'cap_ceilings', 'record_resolutions', 'resolve_cap', 'resolve_caps'), "._capacity"),
+    **dict.fromkeys(('load_caps', 'save_caps'), "._caps_file"),
+    **dict.fromkeys(('compile_counted', 'counting_backend'), "._compile"),
+    **dict.fromkeys(('DistributedContext', 'GatherMeta', 'HaloMeta', 'NOT_DISTRIBUTED', 'activate_dd_context', 'current_dd_context'), "._context"),
+    **dict.fromkeys(('Evaluator', 'UnpaddedCompiled'), "._evaluator"),
+    "derive_ceilings": "._memory",
+    "PaddedModel": "._padded",
+    **dict.fromkeys(('COOPadder', 'DenseBatchPadder', 'DensePadder', 'Fill', 'FillSpec', 'PadderBase'), "._padders"),
+    "GraphPadder": "._protocol",
+    "ShrinkPolicy": "._shrink",
+    **dict.fromkeys(('CapEvent', 'Stats'), "._stats"),
+    **dict.fromkeys(('CompileStore', 'default_store_dir', 'model_fingerprint'), "._store"),
+    "RecompileError": "._strict",
+    **dict.fromkeys(('resolve_adapter', 'wrap'), "._wrap"),
+}
 
 __all__ = [
     "NOT_DISTRIBUTED",
@@ -68,6 +86,7 @@ __all__ = [
     "GraphPadder",
     "HaloMeta",
     "PaddedModel",
+    "PadderBase",
     "RecompileError",
     "ShrinkPolicy",
     "Stats",
@@ -92,16 +111,20 @@ __all__ = [
     "wrap",
 ]
 
-
-# Integrations that import optional packages (ase, torch-sim) load on first
-# attribute access, so ``import ddpad`` stays torch-only and
-# ``ddpad.ase.Calculator`` works without importing ``ddpad.ase`` first.
+# integrations that import optional packages (ase, torch-sim) load on first
+# attribute access too: ``ddpad.ase.Calculator`` works without importing
+# ``ddpad.ase`` first
 _LAZY_MODULES = frozenset({"ase", "torchsim", "testing", "engines"})
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is not None:
+        return getattr(importlib.import_module(module, __name__), name)
     if name in _LAZY_MODULES:
-        import importlib
-
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS, *_LAZY_MODULES})

@@ -1,34 +1,30 @@
 """Capacity policy: grow-only, bucketed caps, agreed across ranks in one collective.
 
 See SPEC section 2 (the formula and its reference values) and section 3
-(agreement). Capacities live in a plain ``dict[str, int]`` the caller owns.
+(agreement, :mod:`._agreement`). Capacities live in a plain ``dict[str, int]``
+the caller owns. :meth:`CapPolicy.grow` is the one growth rule: resolution,
+the warm ladder's rungs and shrinking all size a cap through it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import datetime
 import logging
 import math
 import operator
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-import torch
+from ._agreement import _AGREEMENT, Agreement
 
 __all__ = [
-    "Agreement",
-    "AgreementError",
     "CapPolicy",
     "CapResolution",
     "CapacityError",
     "bucket",
-    "cap_agreement_group",
-    "cap_agreement_over",
     "cap_ceilings",
     "record_resolutions",
     "resolve_cap",
@@ -46,12 +42,6 @@ class CapacityError(RuntimeError):
     """A real count needs a cap beyond its ceiling, or a step that grew a cap
     failed (the caps were rolled back). The message names the cap, its size
     and the real count that asked for it."""
-
-
-class AgreementError(RuntimeError):
-    """ddpad's cap exchange across ranks failed: the ranks disagree on the cap
-    keys or the step, a rank reported a failed step, the exchange was paired
-    with another collective, or it timed out. Raised on every rank that sees it."""
 
 
 def _as_count(name: str, value: Any) -> int:
@@ -116,6 +106,22 @@ class CapPolicy:
         """True when ``need`` rows fit a cap of ``cap`` (no overflow)."""
         return need < cap or (need == cap and self.strict_gt)
 
+    def initial(self, need: int) -> int:
+        """The cap on first sight of ``need`` rows: ``bucket(need, initial_factor)``."""
+        return bucket(need, self.initial_factor, self.stride)
+
+    def grow(self, need: int, factor: float | None = None) -> int:
+        """The cap ``need`` rows grow to once they overflow their cap:
+        ``max(stride, bucket(need, factor))``, ``factor`` defaulting to
+        ``grow_factor``. The one growth rule: resolution, the warm ladder's
+        rungs (:mod:`._ladder`) and shrinking (:mod:`._shrink`, with its own
+        factor) all call it, so they cannot drift apart."""
+        return max(self.stride, bucket(need, self.grow_factor if factor is None else factor, self.stride))
+
+    def overflow(self, cap: int) -> int:
+        """The smallest need that overflows ``cap``."""
+        return cap + 1 if self.strict_gt else cap
+
 
 def bucket(x: int, factor: float, stride: int) -> int:
     """``stride * ceil((floor(x * factor) + 1) / stride)``: the next bucket above ``x * factor``."""
@@ -144,137 +150,6 @@ class CapResolution:
         return self.old_cap != self.cap
 
 
-# The exchange is one fixed-size int64 vector, MAX-reduced. Values that must be
-# equal on every rank travel as (x, -x): after the MAX, x == -(-x) holds only
-# if every rank sent the same x. The size never depends on the step, so a
-# mismatch is detected from the values instead of hanging on the sizes.
-_MAGIC = 0x64647061  # "ddpa": a vector that lacks it was paired with another collective
-_HEADER = 7  # magic, -magic, fingerprint, -fingerprint, step, -step, failed
-EXCHANGE_SLOTS = 64
-MAX_KEYS = (EXCHANGE_SLOTS - _HEADER) // 2
-
-
-def key_fingerprint(keys: list[str]) -> int:
-    """A stable 31-bit fingerprint of the key names in order."""
-    return zlib.crc32("\0".join(keys).encode()) & 0x7FFFFFFF
-
-
-@dataclass
-class Agreement:
-    """An active agreement scope: the group, the device of the reduce, and a
-    count of the collectives it issued (one per :func:`resolve_caps` call).
-
-    Every exchange is one MAX all-reduce of a fixed-size vector that carries,
-    besides the needs, the current caps (so caps loaded from files or grown
-    alone are agreed too), a fingerprint of the key names, a step counter and
-    a failure flag; ranks that disagree on keys or step, or a rank that
-    reports a failure, make every rank raise :class:`AgreementError` on the
-    same exchange. The wait is bounded by ``timeout`` seconds.
-
-    ``reduce_max`` replaces the ``torch.distributed`` all-reduce (e.g. an MPI
-    communicator's, for engines that run under MPI without torch.distributed);
-    ``exchange_group`` is the group the exchange runs on (default ``group``):
-    a group of its own (``torch.distributed.new_group()``, made once) keeps
-    ddpad's exchange from ever pairing with a collective of the model.
-    """
-
-    group: Any
-    device: torch.device
-    world_size: int
-    collectives: int = 0
-    reduce_max: Callable[[list[int]], list[int]] | None = None
-    timeout: float = 600.0
-    exchange_group: Any = None
-    step: int = 0
-    failed: str | None = None  # a local failure not yet reported to the peers
-
-    def max_reduce(self, needs: list[int]) -> list[int]:
-        """MAX-reduce ``needs`` over the group (one checked exchange)."""
-        return self.exchange([f"value{i}" for i in range(len(needs))], needs, [0] * len(needs))[0]
-
-    def exchange(self, keys: list[str], needs: list[int], caps: list[int]) -> tuple[list[int], list[int]]:
-        """One checked exchange: ``(needs, caps)`` MAX-reduced over the group.
-
-        Raises
-        ------
-        AgreementError
-            On every rank, when ranks differ in keys or step, a rank reported
-            a failure (:meth:`fail`), the exchange met another collective, or
-            the peers did not arrive within ``timeout``.
-        """
-        if torch.compiler.is_compiling():
-            raise RuntimeError(
-                "ddpad: capacity agreement is a blocking collective and must run in "
-                "eager code; call the padder outside the compiled region or under "
-                "torch.compiler.disable"
-            )
-        if len(keys) > MAX_KEYS:
-            raise ValueError(f"ddpad agrees at most {MAX_KEYS} cap keys per step, got {len(keys)}: {keys}")
-        step, fp = self.step, key_fingerprint(keys)
-        self.step += 1
-        failed, self.failed = self.failed, None
-        vec = [_MAGIC, -_MAGIC, fp, -fp, step, -step, 1 if failed else 0, *needs, *caps]
-        vec += [0] * (EXCHANGE_SLOTS - len(vec))
-        out = self._all_reduce_max(vec, step)
-        k = len(keys)
-        if out[0] != _MAGIC or out[1] != -_MAGIC:
-            raise AgreementError(
-                f"ddpad: the cap exchange at step {step} was paired with a collective that is not "
-                "ddpad's (a rank skipped or repeated a step, or the model's collectives share the "
-                "group); give the exchange a group of its own (exchange_group=new_group())"
-            )
-        if out[6]:
-            raise AgreementError(
-                f"ddpad: a rank's step failed before the cap exchange at step {step}"
-                + (f" (here: {failed})" if failed else "; see that rank's error")
-                + ": every rank stops at this step"
-            )
-        if out[2] != -out[3]:
-            raise AgreementError(
-                f"ddpad: ranks disagree on the cap keys at step {step}: this rank resolves {keys} "
-                f"(fingerprint {fp}), another rank different keys (fingerprints {-out[3]}..{out[2]}); "
-                "every rank must pad the same fields (e.g. an optional neighbour matrix on all ranks or none)"
-            )
-        if out[4] != -out[5]:
-            raise AgreementError(
-                f"ddpad: ranks are at different cap-exchange steps (this rank {step}, others "
-                f"{-out[5]}..{out[4]}): a rank skipped or repeated a step"
-            )
-        return out[_HEADER : _HEADER + k], out[_HEADER + k : _HEADER + 2 * k]
-
-    def fail(self, reason: str) -> None:
-        """Report a local failure to the peers in an exchange of its own (so
-        that they raise on the same step instead of waiting), then return.
-        Call it on a rank whose step failed before it reached the exchange."""
-        self.failed = reason
-        try:
-            self.exchange([], [], [])
-        except AgreementError:
-            pass  # the peers learned of it; the caller raises its own error
-
-    def _all_reduce_max(self, vec: list[int], step: int) -> list[int]:
-        self.collectives += 1
-        if self.reduce_max is not None:
-            return [int(v) for v in self.reduce_max(vec)]
-        import torch.distributed as dist
-
-        tensor = torch.tensor(vec, dtype=torch.int64, device=self.device)
-        group = self.exchange_group if self.exchange_group is not None else self.group
-        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True)
-        try:
-            work.wait(timeout=datetime.timedelta(seconds=self.timeout))
-        except RuntimeError as exc:
-            raise AgreementError(
-                f"ddpad: the cap exchange at step {step} timed out after {self.timeout:g} s waiting for "
-                f"the other ranks ({exc}); a rank failed or hangs elsewhere. The process group is not "
-                "usable after this: destroy it and restart from the last checkpoint"
-            ) from exc
-        return [int(v) for v in tensor.tolist()]
-
-
-_AGREEMENT: contextvars.ContextVar[Agreement | None] = contextvars.ContextVar(
-    "ddpad_agreement", default=None
-)
 # (key, real, need, old cap or None, cap, policy): a CapResolution's fields,
 # built into one only where a caller asks for them
 _Row = tuple[str, int, int, int | None, int, CapPolicy]
@@ -289,87 +164,8 @@ _CEILINGS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar(
 _RUNGS: contextvars.ContextVar[Sequence[Mapping[str, int]]] = contextvars.ContextVar("ddpad_rungs", default=())
 
 
-def current_agreement() -> Agreement | None:
-    """The active agreement scope, or None."""
-    return _AGREEMENT.get()
-
-
-@contextlib.contextmanager
-def cap_agreement_group(
-    group: Any = None,
-    device: torch.device | str | None = None,
-    *,
-    timeout: float = 600.0,
-    exchange_group: Any = None,
-) -> Iterator[Agreement | None]:
-    """Make every capacity resolution inside the block agree across ``group``.
-
-    Each :func:`resolve_caps` call MAX-reduces the needs (and current caps)
-    of all its keys over the group in one checked all-reduce, so every rank
-    resolves the same caps and recompiles on the same step. A no-op (yields
-    ``None``) when ``torch.distributed`` is unavailable or not initialised,
-    or the group has one rank.
-
-    Parameters
-    ----------
-    group
-        A ``torch.distributed`` process group; ``None`` is the default group.
-    device
-        Where the reduce tensor lives: ``"cpu"`` for gloo, the rank's CUDA
-        device for NCCL. Default: CUDA current device under NCCL, else CPU.
-    timeout
-        Seconds an exchange waits for the other ranks before raising
-        :class:`AgreementError` (a compile on another rank counts: allow for it).
-    exchange_group
-        Run the exchange on this group (same ranks) instead of ``group``: a
-        group of its own keeps it from ever pairing with the model's collectives.
-
-    Yields
-    ------
-    Agreement or None
-        The active scope, whose ``collectives`` counts the all-reduces issued.
-    """
-    import torch.distributed as dist
-
-    agreement: Agreement | None = None
-    if dist.is_available() and dist.is_initialized():
-        world = dist.get_world_size(group)
-        if world > 1:
-            if device is None:
-                backend = dist.get_backend(group)
-                device = (
-                    torch.device("cuda", torch.cuda.current_device())
-                    if backend == "nccl"
-                    else torch.device("cpu")
-                )
-            agreement = Agreement(group, torch.device(device), world, timeout=timeout, exchange_group=exchange_group)
-    with _active(agreement):
-        yield agreement
-
-
-@contextlib.contextmanager
-def cap_agreement_over(
-    reduce_max: Callable[[list[int]], list[int]], world_size: int
-) -> Iterator[Agreement | None]:
-    """Like :func:`cap_agreement_group`, with the MAX all-reduce done by
-    ``reduce_max`` (``values -> values maxed over all ranks``, called once per
-    :func:`resolve_caps` with a fixed-size list), e.g. an mpi4py
-    communicator's ``allreduce``. A no-op (yields ``None``) for ``world_size == 1``."""
-    agreement = Agreement(None, torch.device("cpu"), world_size, reduce_max=reduce_max) if world_size > 1 else None
-    with _active(agreement):
-        yield agreement
-
-
-@contextlib.contextmanager
-def _active(agreement: Agreement | None) -> Iterator[None]:
-    token = _AGREEMENT.set(agreement)
-    try:
-        yield
-    finally:
-        _AGREEMENT.reset(token)
-
-
-def _checked_ceilings(ceilings: Mapping[str, int] | None) -> Mapping[str, int]:
+def checked_ceilings(ceilings: Mapping[str, int] | None) -> Mapping[str, int]:
+    """``ceilings`` validated (every value a count >= 1), read-only."""
     for key, value in (ceilings or {}).items():
         if _as_count(f"ceiling of {key!r}", value) < 1:
             raise ValueError(f"ceiling of {key!r} must be >= 1, got {value}")
@@ -380,7 +176,7 @@ def _checked_ceilings(ceilings: Mapping[str, int] | None) -> Mapping[str, int]:
 def cap_ceilings(ceilings: Mapping[str, int] | None) -> Iterator[None]:
     """Per-key cap ceilings for every resolution inside the block (on top of
     each policy's ``max_cap``; the smaller wins)."""
-    token = _CEILINGS.set(_checked_ceilings(ceilings))
+    token = _CEILINGS.set(checked_ceilings(ceilings))
     try:
         yield
     finally:
@@ -408,8 +204,9 @@ class _Scope:
     __slots__ = ("_ceilings", "_rungs", "_tokens", "rows")
 
     def __init__(self, ceilings: Mapping[str, int] | None, rungs: Sequence[Mapping[str, int]] = ()) -> None:
+        # ceilings come validated (checked_ceilings, once per wrapped model), not per call
         self.rows: list[_Row] = []
-        self._ceilings = _checked_ceilings(ceilings) if ceilings else None
+        self._ceilings = ceilings or None
         self._rungs = rungs
         self._tokens: tuple[Any, Any, Any] = (None, None, None)
 
@@ -512,9 +309,9 @@ def _resolve(
     for key, real, need, policy in zip(keys, reals, needs, policies):
         old = current.get(key)
         if old is None:
-            cap = bucket(need, policy.initial_factor, policy.stride)
+            cap = policy.initial(need)
         elif not policy.fits(need, old):
-            cap = max(policy.stride, bucket(need, policy.grow_factor, policy.stride))
+            cap = policy.grow(need)
         else:
             cap = old
         ceiling = _ceiling(key, policy, ceilings)

@@ -208,7 +208,7 @@ def _ops(fn: Callable[[], Any]) -> int:
 
 
 def _measure(name: str, n: int, calls: int) -> dict[str, Any]:
-    from ._runtime import PaddedModel
+    from ._padded import PaddedModel
 
     make, build, positions = PADDERS[name]
     data = build(n, torch.Generator().manual_seed(n))

@@ -22,7 +22,13 @@ traced graph's code and its example inputs' shapes, strides and dtypes: two
 processes that trace the same model at the same caps name the same entry.
 Entries are written atomically (a temporary file, fsync, rename) and carry
 a SHA-256 of their payload; a lock file per entry lets one process compile
-while the others wait for it (bounded) and load.
+while the others wait for it (bounded) and load. The lock file names its
+holder (pid, host, start) and the holder touches it every ``heartbeat``
+seconds: a waiter whose holder is dead, or silent for ``stale_after``
+seconds (stopped, hung on a shared file system), compiles itself. A lock
+file is removed once its entry is written. A store that cannot be written
+(read-only, full) is one warning: the run compiles without it and still
+reads what is there.
 """
 
 from __future__ import annotations
@@ -31,20 +37,29 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
 import pathlib
 import platform
+import socket
 import sys
-import tempfile
+import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["CompileStore", "default_store_dir", "model_fingerprint"]
+from ._fs import atomic_write
+from ._version import __version__
+
+if TYPE_CHECKING:
+    from ddpad.adapters import Adapter
+
+__all__ = ["CompileStore", "StoreBinding", "bind_store", "default_store_dir", "model_fingerprint",
+           "store_environment"]
 
 log = logging.getLogger("ddpad")
 
@@ -52,10 +67,15 @@ _MAGIC = b"ddpad-compile/1\n"
 _PLAIN = (bool, int, float, str, type(None))
 
 
+def cache_dir() -> pathlib.Path:
+    """ddpad's user cache folder: ``$XDG_CACHE_HOME/ddpad`` (``~/.cache/ddpad``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "ddpad"
+
+
 def default_store_dir() -> pathlib.Path:
     """``$XDG_CACHE_HOME/ddpad/compile`` (``~/.cache/ddpad/compile``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "ddpad" / "compile"
+    return cache_dir() / "compile"
 
 
 def _plain(value: Any) -> bool:
@@ -95,6 +115,37 @@ def _digest(doc: Any) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=repr).encode()).hexdigest()
 
 
+def package_versions(import_names: Sequence[str]) -> dict[str, str]:
+    """``{distribution: version}`` of the installed distributions that provide
+    each import name (``mace`` -> ``mace-torch``, ``allegro`` ->
+    ``nequip-allegro``): what ``pip install`` changes, read through
+    ``importlib.metadata.packages_distributions``. An import name no installed
+    distribution provides is left out."""
+    provided = importlib.metadata.packages_distributions()
+    versions: dict[str, str] = {}
+    for name in import_names:
+        for dist in provided.get(name.split(".")[0], ()):
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                versions[dist] = importlib.metadata.version(dist)
+    return dict(sorted(versions.items()))
+
+
+def store_environment(adapter: Adapter | None, dynamo_config: Mapping[str, Any],
+                      compile_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """What besides the model changes its compiled code: the adapter, the
+    versions of the distributions behind its ``requires``, the backend, mode,
+    options, ``dynamic`` and Dynamo flags. With :meth:`CompileStore.model_key`
+    (architecture, device, torch, ddpad, Python) every key factor."""
+    backend = compile_kwargs.get("backend", "inductor")
+    return {
+        "adapter": adapter.name if adapter is not None else None,
+        "packages": package_versions(adapter.requires) if adapter is not None else {},
+        "backend": backend if isinstance(backend, str) else f"{type(backend).__module__}.{type(backend).__qualname__}",
+        "compile": {k: v for k, v in compile_kwargs.items() if k != "backend"},
+        "dynamo_config": dict(dynamo_config),
+    }
+
+
 def _graph_key(model_key: str, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str:
     """Names a traced graph: its code and its inputs' metadata (the same
     model traced at the same caps gives the same key in any process)."""
@@ -118,21 +169,36 @@ class CompileStore:
     wait_timeout
         Seconds a process waits for another that is compiling the same graph
         before compiling it itself (never forever).
+    stale_after
+        Seconds without a heartbeat from the process holding an entry's lock
+        after which a waiter stops waiting and compiles itself (a holder that
+        is gone is noticed at once on the same host).
+    heartbeat
+        Seconds between the lock holder's heartbeats (``stale_after`` should
+        be several of them).
     """
 
     root: pathlib.Path
     wait_timeout: float = 1800.0
+    stale_after: float = 60.0
+    heartbeat: float = 5.0
 
     def __post_init__(self) -> None:
         self.root = pathlib.Path(self.root).expanduser()
+        self.writable = True  # False after a write failed: one warning, then no more writes
+
+    def _unwritable(self, what: str, exc: OSError) -> None:
+        """A write failed: warn once, and write nothing more to this store."""
+        if self.writable:
+            self.writable = False
+            log.warning("ddpad: the compile store %s cannot be written (%s: %s); compiling without saving, "
+                        "reading what is there", self.root, what, exc)
 
     # -- keys -------------------------------------------------------------------
 
     def model_key(self, model: torch.nn.Module, **environment: Any) -> str:
         """The key of everything that changes ``model``'s compiled code, and
         ``model.json`` beside its entries saying what it was made of."""
-        from ddpad import __version__
-
         doc = {
             "model": model_fingerprint(model),
             "device": _device_fingerprint(model),
@@ -146,7 +212,7 @@ class CompileStore:
         if not (folder / "model.json").exists():
             with contextlib.suppress(OSError):
                 folder.mkdir(parents=True, exist_ok=True)
-                _atomic_write(folder / "model.json", json.dumps(doc, indent=1, sort_keys=True, default=repr).encode())
+                atomic_write(folder / "model.json", json.dumps(doc, indent=1, sort_keys=True, default=repr).encode())
         return key
 
     def entry(self, model_key: str, graph_key: str) -> pathlib.Path:
@@ -182,22 +248,42 @@ class CompileStore:
             return None
         return payload
 
-    def write(self, path: pathlib.Path, payload: bytes) -> None:
-        """Write an entry atomically (concurrent writers never leave a mix)."""
+    def write(self, path: pathlib.Path, payload: bytes) -> bool:
+        """Write an entry atomically (concurrent writers never leave a mix);
+        False when the store cannot be written (warned once)."""
+        if not self.writable:
+            return False
         header = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(),
                   "torch": torch.__version__, "written": time.time()}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, _MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, _MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload)
+        except OSError as exc:
+            self._unwritable(f"writing {path.name}", exc)
+            return False
+        return True
 
     def load(self, path: pathlib.Path) -> bool:
-        """Hand an entry's artifacts to torch's caches; True when it was there."""
+        """Hand an entry's artifacts to torch's caches; True when it was there
+        and torch took it. An entry torch rejects is corrupt: moved aside."""
         payload = self.read(path)
         if payload is None:
             return False
+        torch_cache_log = logging.getLogger("torch.compiler._cache")
+        level = torch_cache_log.level
+        torch_cache_log.setLevel(logging.ERROR)  # its un-pickle traceback: reported below in one line
         try:
-            torch.compiler.load_cache_artifacts(payload)
+            loaded = torch.compiler.load_cache_artifacts(payload)
         except Exception as exc:  # noqa: BLE001 - a bad entry must never stop a run
-            log.warning("torch could not load compile-store entry %s (%s); compiling", path, exc)
+            loaded, reason = None, f"{type(exc).__name__}: {exc}"
+        else:
+            reason = "torch could not un-pickle its artifacts"
+        finally:
+            torch_cache_log.setLevel(level)
+        if loaded is None:
+            log.warning("compile-store entry %s is unusable (%s); moved aside, compiling", path, reason)
+            with contextlib.suppress(OSError):
+                os.replace(path, path.with_suffix(".corrupt"))
             return False
         return True
 
@@ -205,11 +291,22 @@ class CompileStore:
     def lock(self, path: pathlib.Path) -> Iterator[bool]:
         """Hold the entry's lock file while compiling it. Yields True when
         this process should compile, False when it waited for another
-        process that has written the entry meanwhile (load it). Waits at most
-        ``wait_timeout`` seconds, then compiles anyway (logged): never hangs."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        process that has written the entry meanwhile (load it).
+
+        Never hangs: the wait ends when the holder is gone (same host), has
+        not beaten its heartbeat for ``stale_after`` seconds, or after
+        ``wait_timeout`` seconds; then this process compiles (logged). A store
+        that cannot be written compiles without a lock (warned once)."""
+        lock_path = path.with_suffix(".lock")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            self._unwritable(f"creating {lock_path.name}", exc)
+            yield True
+            return
         locked = waited = False
+        beating: threading.Event | None = None
         try:
             deadline = time.monotonic() + self.wait_timeout
             while True:
@@ -219,33 +316,127 @@ class CompileStore:
                     break
                 except BlockingIOError:
                     pass
-                if time.monotonic() >= deadline:
-                    log.warning("waited %.0f s for another process compiling %s; compiling here",
-                                self.wait_timeout, path.name)
+                reason = self._holder_gone(fd) or (
+                    f"waited {self.wait_timeout:.0f} s" if time.monotonic() >= deadline else None)
+                if reason is not None:
+                    log.warning("ddpad: %s for the process compiling %s; compiling here", reason, path.name)
                     break
                 waited = True
                 time.sleep(0.05)
+            if locked:
+                beating = self._hold(fd)
             yield not (waited and path.exists())
         finally:
+            if beating is not None:
+                beating.set()
             if locked:
+                if path.exists():  # the entry is written: nobody needs this lock file again
+                    with contextlib.suppress(OSError):
+                        lock_path.unlink()
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
-
-def _atomic_write(path: str | os.PathLike[str], data: bytes, prefix: str | None = None) -> None:
-    """Write ``data`` to ``path`` atomically: a temporary file beside it
-    (``prefix``), fsync, rename; readers and concurrent writers never see a
-    partial file, and a failed write leaves the old one."""
-    path = pathlib.Path(os.path.abspath(os.fspath(path)))
-    fd, tmp = tempfile.mkstemp(prefix=prefix or f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+    def _hold(self, fd: int) -> threading.Event:
+        """Record this process as the lock's holder and beat its heartbeat
+        (the lock file's mtime) until the returned event is set."""
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
+        done = threading.Event()
 
+        def beat() -> None:
+            while not done.wait(self.heartbeat):
+                with contextlib.suppress(OSError):
+                    os.utime(fd)
+
+        threading.Thread(target=beat, name="ddpad-lock-heartbeat", daemon=True).start()
+        return done
+
+    def _holder_gone(self, fd: int) -> str | None:
+        """Why the process holding the lock on ``fd`` will not finish, or None."""
+        try:
+            beat = os.fstat(fd).st_mtime
+            holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except (OSError, ValueError):
+            return None
+        if not isinstance(holder, dict):
+            return None
+        pid, host = holder.get("pid"), holder.get("host")
+        if host == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
+            return f"the lock holder (pid {pid}) is gone"
+        silent = time.time() - beat
+        if holder and silent > self.stale_after:
+            return f"the lock holder (pid {pid} on {host}) gave no heartbeat for {silent:.0f} s"
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` (on this host) still runs: not gone, not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:  # a zombie has exited
+            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:  # no /proc (macOS): kill(0) said it is there
+        return True
+
+
+@dataclasses.dataclass
+class StoreBinding:
+    """One model's place in a compile store: the store, the model's key in it,
+    and the entries this process wrote (``written``), saved again whenever
+    torch recorded more artifacts since (what compiles lazily: a backward,
+    run by the adapter's call or later by the caller)."""
+
+    store: CompileStore
+    model_key: str
+    written: list[pathlib.Path] = dataclasses.field(default_factory=list)
+
+    def entry(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> pathlib.Path:
+        """The entry of one traced graph."""
+        return self.store.entry(self.model_key, _graph_key(self.model_key, gm, example_inputs))
+
+    def save(self, path: pathlib.Path) -> None:
+        """Write torch's cache artifacts so far as the entry ``path``."""
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is None:  # nothing cacheable (a backend without torch's caches)
+            return
+        self.store.write(path, saved[0])
+
+    def flush(self) -> None:
+        """After each call, at close and at exit: re-save the written entries
+        if torch recorded more artifacts since."""
+        from torch.compiler._cache import CacheArtifactManager
+
+        if self.written and CacheArtifactManager.need_serialize():
+            for path in self.written:
+                self.save(path)
+
+
+def storable(backend: Any) -> bool:
+    """Whether graphs of ``backend`` leave anything in torch's caches to
+    store: Inductor's do (FX-graph and AOTAutograd cache entries); ``eager``,
+    ``aot_eager`` and other backends compile nothing torch keeps."""
+    return backend == "inductor"
+
+
+def bind_store(model: torch.nn.Module, compile_cache: str | os.PathLike[str] | CompileStore,
+               adapter: Adapter | None = None, dynamo_config: Mapping[str, Any] | None = None,
+               **compile_kwargs: Any) -> StoreBinding | None:
+    """``model``'s place in a compile store, keyed by every factor
+    (:func:`store_environment`); None (said once, here) for a backend that
+    has nothing to store."""
+    backend = compile_kwargs.get("backend", "inductor")
+    if not storable(backend):
+        name = backend if isinstance(backend, str) else type(backend).__qualname__
+        log.warning("ddpad: the compile store is not used with backend %r: it compiles nothing torch's caches "
+                    "keep (only inductor's graphs are stored)", name)
+        return None
+    store = compile_cache if isinstance(compile_cache, CompileStore) else CompileStore(compile_cache)
+    environment = store_environment(adapter, dynamo_config or {}, compile_kwargs)
+    return StoreBinding(store, store.model_key(model, **environment))

@@ -21,7 +21,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without ase
     raise ImportError("ddpad.ase needs ASE: pip install ase (or any model extra, e.g. 'ddpad[mace]')") from exc
 
-from ._runtime import Evaluator, PaddedModel
+from ._evaluator import Evaluator
+from ._padded import PaddedModel
 
 __all__ = ["Calculator"]
 

@@ -20,10 +20,16 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import torch
+from ddpad._noise import NOISE
+
+if TYPE_CHECKING:
+    import torch
+
+# torch and the model packages are imported inside the commands, not here:
+# parsing the arguments and printing help takes no torch import (seconds).
 
 __all__ = ["main"]
 
@@ -34,25 +40,28 @@ DESCRIPTION = (
     "and ddpad on one trajectory whose atom count changes. 'ddpad COMMAND -h' for options."
 )
 
-# Warnings third-party packages raise on every run that the user can do
-# nothing about (shown with -v): (message prefix, category).
-_NOISE: tuple[tuple[str, type[Warning]], ...] = (
-    ("The TorchScript type system doesn't support instance-level annotations", UserWarning),  # e3nn
-    ("Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected", UserWarning),  # e3nn under mace
-    ("To copy construct from a tensor", UserWarning),  # mace's model constructor
-    ("You are using `torch.load` with `weights_only=False`", FutureWarning),
-    ("Could not find or load the NVIDIA CUDA driver", UserWarning),  # warp on a CPU machine
-)
+# the warnings third-party packages raise on every run that the user can do
+# nothing about (shown with -v): ddpad._noise.NOISE
+_NOISE = NOISE
 
 
 class CliError(Exception):
     """A user error: reported on one line, exit status 2."""
 
 
+class _Interrupted(Exception):
+    """Ctrl-C, with what the run had done by then: one line, exit status 130."""
+
+
 def _one_line(exc: BaseException) -> str:
     """The first non-empty line of an exception's message (its type if none)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+def _a(word: str) -> str:
+    """``word`` with its indefinite article: "an OrderedDict", "a dict"."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
 
 
 def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -87,18 +96,24 @@ def _quiet_prints(verbose: bool) -> Iterator[None]:
 
 
 def _adapter(name: str, verbose: bool = False) -> Any:
+    """The adapter ``name``, its model package imported; a missing or broken
+    one is a :class:`CliError` (one line: what failed and the fix)."""
     from ddpad import adapters
 
     try:
         with _quiet_prints(verbose):
             return adapters.get(name)
     except (adapters.AdapterNotFound, adapters.AdapterUnavailable) as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(" ".join(str(exc).split())) from None
 
 
-def _package_version(requires: Sequence[str]) -> str:
+def _package_version(requires: Sequence[str], owners: Mapping[str, Sequence[str]] | None = None) -> str:
+    """The version of the first of ``requires`` (import names, the model
+    package's first) whose distribution is installed; ``owners`` is
+    ``importlib.metadata.packages_distributions()``, looked up once by the caller."""
+    owners = importlib.metadata.packages_distributions() if owners is None else owners
     for module in requires:
-        dist = importlib.metadata.packages_distributions().get(module.split(".")[0])
+        dist = owners.get(module.split(".")[0])
         if dist:
             try:
                 return importlib.metadata.version(dist[0])
@@ -112,12 +127,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     from ddpad import adapters
 
     rows = []
+    owners = importlib.metadata.packages_distributions()
     for name in adapters.available():
-        info = adapters.status(name)
+        with _quiet_prints(getattr(args, "verbose", False)):  # status imports the model package
+            info = adapters.status(name)
         requires = info.get("requires") or []
-        state = "installed" if info["ok"] else ("missing" if "not installed" in (info["error"] or "") else "unavailable")
-        version = _package_version(requires) if info["ok"] else "-"
-        rows.append((name, info["kind"], state, version, info.get("install_hint") or "", info["error"] or ""))
+        state = info["state"]  # installed only when its packages import; broken when one fails to
+        version = _package_version(requires, owners) if state in ("installed", "broken") else "-"
+        error = " ".join((info["error"] or "").split())
+        rows.append((name, info["kind"], state, version, info.get("install_hint") or "", error))
     if args.json:
         keys = ("name", "kind", "status", "version", "install", "error")
         print(json.dumps([dict(zip(keys, row)) for row in rows], indent=2))
@@ -136,6 +154,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _device(spec: str | None) -> str:
     """The device to run on: ``spec`` checked against this torch build, or
     cuda when available, else cpu."""
+    import torch
+
     if spec is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -154,6 +174,8 @@ def _device(spec: str | None) -> str:
 
 
 def _dtype(adapter: Any, name: str | None) -> torch.dtype:
+    import torch
+
     if name is not None:
         return {"float32": torch.float32, "float64": torch.float64}[name]
     return torch.float64 if adapter.name == "mace" else torch.get_default_dtype()
@@ -216,6 +238,8 @@ def _model(
     """The model to run and a description of it. Without ``path``, the
     adapter's random model; if it takes ``atomic_numbers`` (mace), built for
     the system's elements as well as its own defaults."""
+    import torch
+
     if path is None:
         if adapter.random_model is None:
             raise CliError(f"adapter {adapter.name!r} cannot build a random model; pass --model PATH")
@@ -247,7 +271,7 @@ def _model(
     if not isinstance(model, torch.nn.Module):
         hint = " (a state_dict or a training checkpoint?)" if isinstance(model, dict) else ""
         raise CliError(
-            f"cannot load {path!r} as a {adapter.name} model: it holds a {type(model).__name__}{hint}, "
+            f"cannot load {path!r} as a {adapter.name} model: it holds {_a(type(model).__name__)}{hint}, "
             "not a model; see docs/pages/trained-models.md"
         )
     return model.to(dtype), f"model {path}"
@@ -262,19 +286,47 @@ def _check_fits(adapter: Any, model: torch.nn.Module, atoms: Any) -> None:
         raise CliError(f"the system does not fit the model: {_one_line(exc)}") from None
 
 
-def _load_caps(path: str | None) -> dict[str, int] | None:
+def _load_caps(path: str | None, adapter: str) -> dict[str, int] | None:
     """The caps in ``path`` if it exists (None otherwise); any unreadable,
-    corrupt or foreign file is one error line."""
+    corrupt or foreign file (another adapter's) is one error line, before
+    anything announces the caps."""
     if path is None or not os.path.exists(path):
         return None
     from ddpad import load_caps
 
     try:
-        caps = load_caps(path)
+        caps = load_caps(path, adapter=adapter)
     except (ValueError, OSError) as exc:
         message = _one_line(exc)
         raise CliError(message if path in message else f"caps file {path!r}: {message}") from None
     return caps
+
+
+def _cached_caps_path(adapter: str, model: torch.nn.Module, atoms: Any) -> str:
+    """The user cache's caps file of this model on this system: keyed by the
+    model's architecture (:func:`ddpad.model_fingerprint`, not its weights),
+    the system's formula (species and atom count) and periodicity, so runs
+    of other models or systems neither read nor overwrite it."""
+    import hashlib
+
+    from ddpad import model_fingerprint
+
+    formula = atoms.get_chemical_formula(mode="hill")
+    key = {"model": model_fingerprint(model), "formula": formula, "pbc": [bool(p) for p in atoms.pbc]}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:12]
+    return os.path.join(_cache_dir(), "caps", f"{adapter}-{formula[:40]}-{digest}.json")
+
+
+def _cached_caps(path: str, adapter: str) -> dict[str, int] | None:
+    """The caps an earlier run of this model on this system left in the user
+    cache; an unreadable one is ignored, with a warning line (it is the
+    cache's, not the user's input)."""
+    try:
+        return _load_caps(path, adapter)
+    except CliError as exc:
+        print(f"ddpad: warning: ignoring the cached caps ({exc}); starting from the system's own caps",
+              file=sys.stderr)
+        return None
 
 
 def _cache_dir() -> str:
@@ -317,6 +369,13 @@ class _Progress:
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
+    def end(self) -> None:
+        """End a drawn bar's line (the run stopped before its last step)."""
+        if self.open:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self.open = False
+
     def say(self, message: str) -> None:
         """Print ``message`` on a line of its own, under any drawn bar."""
         if self.open:
@@ -358,11 +417,16 @@ def _langevin(atoms: Any) -> Any:
     import numpy as np
     from ase import units
     from ase.constraints import FixCom
+    from ase.md import velocitydistribution
     from ase.md.langevin import Langevin
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
 
     atoms.set_constraint([*atoms.constraints, FixCom()])
-    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
+    # ase >= 3.27 deprecates MaxwellBoltzmannDistribution for thermalize_momenta (the same draw)
+    thermalize = getattr(velocitydistribution, "thermalize_momenta", None)
+    if thermalize is not None:
+        thermalize(atoms, 300, rng=np.random.default_rng(0))
+    else:
+        velocitydistribution.MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
     return Langevin(atoms, 0.5 * units.fs, temperature_K=300, friction=0.01 / units.fs, fixcm=False,
                     rng=np.random.default_rng(1))
 
@@ -382,30 +446,32 @@ def cmd_run(args: argparse.Namespace) -> int:
                        + (" with --no-compile" if args.no_compile else ""))
     if args.caps is not None and not os.path.exists(args.caps) and not args.caps.endswith(".json"):
         raise CliError(f"caps file {args.caps!r} does not exist (and is not a .json path to write)")
+    if args.no_caps and args.caps is not None:
+        raise CliError("--no-caps (start from the system's own caps) and --caps FILE (start from FILE): give one")
     for path, option in ((args.caps, "--caps"), (args.traj, "--traj"), (args.json, "--json")):
         _output_path(path, option)
     device = _device(args.device)
     dtype = _dtype(adapter, args.dtype)
-    caps_in = _load_caps(args.caps)
+    caps_in = _load_caps(args.caps, adapter.name)  # checked (adapter included) before anything is announced
     atoms = _system(adapter, args.system)
     if isinstance(atoms, (list, tuple)):
         raise CliError("ddpad run takes one system (one ase.Atoms); this file holds several")
     model, what = _model(adapter, args.model, dtype, device, atoms, args.verbose)
     _check_fits(adapter, model, atoms)
+    caps_path, cached = args.caps, args.caps is None
+    if cached:
+        caps_path = _cached_caps_path(adapter.name, model, atoms)
+        caps_in = None if args.no_caps else _cached_caps(caps_path, adapter.name)
 
     from ddpad.ase import Calculator
 
     print(f"ddpad run {adapter.name}: {len(atoms)} atoms, {what}, device {device}, {dtype}")
     if caps_in is not None:
-        print(f"caps loaded from {args.caps}: {caps_in}")
+        origin = (" (the last run of this model on this system; --no-caps starts from the system's own)"
+                  if cached else "")
+        print(f"caps loaded from {caps_path}{origin}: {caps_in}")
     compile_kwargs = _store_options(args) if not args.no_compile else {}
-    try:
-        calc = Calculator(model, adapter, compile=not args.no_compile,
-                          caps=args.caps if caps_in is not None else None, **compile_kwargs)
-    except (ValueError, OSError) as exc:  # the caps file (e.g. another adapter's)
-        if caps_in is None:
-            raise
-        raise CliError(_one_line(exc)) from None
+    calc = Calculator(model, adapter, compile=not args.no_compile, caps=caps_in, **compile_kwargs)
     progress = _Progress(args.steps)
     wrapped = calc.wrapped
     assert wrapped is not None
@@ -413,12 +479,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         wrapped.padder = _Announcing(wrapped.padder, adapter.name, progress)
     atoms.calc = calc
     dyn = _langevin(atoms)
-    writer = None
-    if args.traj:
-        import ase.io
-
-        writer = open(args.traj, "w", encoding="utf-8")  # noqa: SIM115 - closed below
-        dyn.attach(lambda: ase.io.write(writer, atoms, format="extxyz"), interval=args.traj_every)
     counter = {"step": 0}
 
     def tick() -> None:
@@ -427,14 +487,30 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress.step(counter["step"])
 
     dyn.attach(tick, interval=1)
+    writer = None
     started = time.perf_counter()
     try:
-        atoms.get_potential_energy()  # step 0: the first compile
+        try:
+            atoms.get_potential_energy()  # step 0: the first compile
+        except KeyboardInterrupt:
+            what_ran = "call" if args.no_compile else "compile"
+            raise _Interrupted(f"interrupted during the first {what_ran}; nothing was written") from None
         first = time.perf_counter() - started
         if not args.no_compile:
             print(f"first call done in {first:.1f} s (compile included)", flush=True)
+        if args.traj:  # opened only now: an interrupted first compile leaves no empty file
+            import ase.io
+
+            writer = open(args.traj, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+            dyn.attach(lambda: ase.io.write(writer, atoms, format="extxyz"), interval=args.traj_every)
         progress.start()
-        dyn.run(args.steps)
+        try:
+            dyn.run(args.steps)
+        except KeyboardInterrupt:
+            progress.end()
+            raise _Interrupted(f"interrupted at step {min(counter['step'], args.steps)} of {args.steps}; "
+                               f"caps written to {_save_caps(wrapped, caps_path)}"
+                               + (f", the trajectory so far to {args.traj}" if args.traj else "")) from None
     finally:
         wrapped.close()  # background compiles
         if writer is not None:
@@ -444,24 +520,44 @@ def cmd_run(args: argparse.Namespace) -> int:
     steady = args.steps / max(elapsed - first, 1e-9)
     print(f"{args.steps} steps in {elapsed:.1f} s ({steady:.2f} steps/s after the first call, "
           f"{args.steps / elapsed:.2f} steps/s overall)")
-    print(f"compiled graphs: {stats.graphs}; cap growths: {len(stats.growths)}; unexplained recompiles: {len(stats.unexplained)}")
-    if wrapped.store is not None:
+    print(f"compiled graphs: {stats.graphs}; {_growth_summary(stats)}; "
+          f"unexplained recompiles: {len(stats.unexplained)}")
+    if stats.store_hits or stats.store_misses or stats.rungs_warmed:  # not every backend stores
         print(_store_line(stats))
     print("fill: " + ", ".join(f"{k} {stats.fill[k]:.2f} (cap {stats.caps[k]})" for k in sorted(stats.fill)))
-    caps_out = args.caps
-    if caps_out is None:
-        os.makedirs(_cache_dir(), exist_ok=True)
-        caps_out = os.path.join(_cache_dir(), f"{adapter.name}-caps.json")
-    wrapped.save_caps(caps_out)
-    print(f"caps written to {caps_out} (pass --caps {caps_out} to start warm)")
+    _save_caps(wrapped, caps_path)
+    print(f"caps written to {caps_path} "
+          + ("(the next run of this model on this system starts from them)" if cached
+             else f"(pass --caps {caps_path} to start warm)"))
     if args.traj:
         print(f"trajectory written to {args.traj}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"adapter": adapter.name, "atoms": len(atoms), "steps": args.steps, "seconds": elapsed,
-                       "first_call_seconds": first, "model": what, "device": device, "caps_file": caps_out,
-                       **stats.as_dict()}, fh, indent=2)
+                       "first_call_seconds": first, "model": what, "device": device, "caps_file": caps_path,
+                       "growth_calls": stats.growth_calls, **stats.as_dict()}, fh, indent=2)
     return 0
+
+
+def _save_caps(wrapped: Any, path: str) -> str:
+    """Write the wrapped model's caps to ``path`` (its folder made if needed)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    wrapped.save_caps(path)
+    return path
+
+
+def _growth_summary(stats: Any) -> str:
+    """``growth calls: N``: the calls on which caps grew (each one compile,
+    however many caps grew on it), then each grown cap's first and last
+    size and how many times it grew."""
+    if not stats.growths:
+        return "growth calls: 0"
+    grown: dict[str, list[Any]] = {}
+    for event in stats.growths:
+        grown.setdefault(event.key, []).append(event)
+    caps = ", ".join(f"{key} {events[0].old} -> {events[-1].new}"
+                     + (f" ({len(events)} growths)" if len(events) > 1 else "") for key, events in grown.items())
+    return f"growth calls: {stats.growth_calls} ({caps})"
 
 
 def _store_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -501,7 +597,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
 
     from ddpad import wrap
 
-    wrapped = wrap(model, adapter, caps=_load_caps(args.caps), compile_cache=args.compile_cache,
+    wrapped = wrap(model, adapter, caps=_load_caps(args.caps, adapter.name), compile_cache=args.compile_cache,
                    backend=args.backend, on_recompile="ignore", warm_ladder=args.ladder)
     data = adapter.build_input(model, atoms)
     print(f"ddpad precompile {adapter.name}: {what}, device {device}, {dtype}, store {args.compile_cache}")
@@ -543,6 +639,12 @@ def _bench_compile_store(args: argparse.Namespace) -> int:
     return 0
 
 
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
@@ -564,10 +666,10 @@ def _bench_overhead(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Eager, unpadded compiles and ddpad on one fluctuating trajectory."""
+    if args.overhead:  # a core install (torch only) runs it: no _bench, no numpy
+        return _bench_overhead(args)
     from ._bench import VARIANTS, fluctuating_trajectory, plot, run_bench
 
-    if args.overhead:
-        return _bench_overhead(args)
     if args.adapter is None:
         raise CliError("ddpad bench needs an adapter name (see 'ddpad list'), or --overhead")
     if args.compile_store:
@@ -621,7 +723,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(line, flush=True)
 
     result = run_bench(adapter, model, structures, backend=args.backend, variants=variants, on_variant=report)
-    result.update(model=what, seed=args.seed, rattle=args.rattle, rate=args.rate, threads=torch.get_num_threads())
+    result.update(model=what, seed=args.seed, rattle=args.rattle, rate=args.rate, threads=_threads())
     print(f"{'variant':<16} {'total s':>9} {'compile s':>10} {'median ms':>10} {'graphs':>7} {'recomp':>7} "
           f"{'ddpad faster by':>16}")
     for name, res in result["variants"].items():
@@ -687,7 +789,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_run = sub.add_parser(
         "run", help="compiled, padded Langevin MD (300 K) with an adapter",
         description="Compiled, padded Langevin MD at 300 K, 0.5 fs steps, under ASE. Prints steps/s, compiled "
-                    "graphs, cap growths and fill; writes the caps for a warm restart.")
+                    "graphs, growth calls (the steps on which caps grew) and fill; keeps the caps for a warm restart "
+                    "of the same model on the same system.")
     _common_options(p_run)
     _store_arguments(p_run)
     p_run.add_argument("--steps", type=int, default=200, help="MD steps (default: 200)")
@@ -695,12 +798,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pad but run eagerly, no torch.compile (default: compile)")
     p_run.add_argument("--caps", metavar="FILE.json",
                        help="caps file: read at the start if it exists (a warm restart), written at the end; "
-                            f"default: write to {os.path.join(_cache_dir(), 'ADAPTER-caps.json')}")
+                            "default: the user cache's file of this model (its architecture) on this system (its "
+                            f"formula), under {os.path.join(_cache_dir(), 'caps')}, read when an earlier run "
+                            "left it")
+    p_run.add_argument("--no-caps", action="store_true",
+                       help="do not read the user cache's caps of an earlier run: start from the system's own "
+                            "caps (this run's are still written; default: read them)")
     p_run.add_argument("--traj", metavar="FILE", help="write an extxyz trajectory here (default: none)")
     p_run.add_argument("--traj-every", type=int, default=10, metavar="N",
                        help="write every N-th step to --traj (default: 10)")
     p_run.add_argument("--json", metavar="FILE",
-                       help="write the run's numbers (timings, graphs, growths, fill) here (default: none)")
+                       help="write the run's numbers (timings, graphs, growth calls and events, fill) here (default: none)")
     p_run.add_argument("--background-compile", type=float, default=0.9, metavar="FILL",
                        help="when a cap's fill passes FILL, compile its next bucket in a worker process, "
                             "so the growth only loads (default: 0.9)")
@@ -767,15 +875,64 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _OwnLogFormat(logging.Formatter):
+    """ddpad's log records on one line: ``ddpad: warning: ...`` from WARNING
+    up, ``ddpad: ...`` below (the ``ddpad: `` a message starts with not doubled)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        text = text[len("ddpad: "):] if text.startswith("ddpad: ") else text
+        return f"ddpad: warning: {text}" if record.levelno >= logging.WARNING else f"ddpad: {text}"
+
+
+@contextlib.contextmanager
+def _cli_scope(verbose: bool) -> Iterator[None]:
+    """The command's warning filters, warning format and log handler, all
+    restored when it ends (``main`` called from Python leaves no trace)."""
+    format_before = warnings.formatwarning
+    root, own = logging.getLogger(), logging.getLogger("ddpad")
+    before = (root.level, own.level, own.propagate)
+    handlers: list[tuple[logging.Logger, logging.Handler]] = []
+    own_handler = logging.StreamHandler()  # ddpad's log records as its warnings read: "ddpad: warning: ..."
+    own_handler.setFormatter(_OwnLogFormat())
+    handlers.append((own, own_handler))
+    own.propagate = False
+    own.setLevel(logging.INFO if verbose else logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.formatwarning = _format_warning
+        if verbose:
+            other = logging.StreamHandler()
+            other.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+            handlers.append((root, other))
+            root.setLevel(logging.INFO)
+        else:
+            _silence_noise()
+        for logger, handler in handlers:
+            logger.addHandler(handler)
+        try:
+            yield
+        finally:
+            warnings.formatwarning = format_before
+            for logger, handler in handlers:
+                logger.removeHandler(handler)
+            root.setLevel(before[0])
+            own.setLevel(before[1])
+            own.propagate = before[2]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``ddpad`` command; returns its exit status (0, 2 for a user
+    error, 130 when interrupted)."""
     args = build_parser().parse_args(argv)
-    warnings.formatwarning = _format_warning
-    if args.verbose:
-        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    else:
-        _silence_noise()
-    try:
-        return int(args.func(args))
-    except CliError as exc:
-        print(f"ddpad: error: {exc}", file=sys.stderr)
-        return 2
+    with _cli_scope(args.verbose):
+        try:
+            return int(args.func(args))
+        except CliError as exc:
+            print(f"ddpad: error: {exc}", file=sys.stderr)
+            return 2
+        except _Interrupted as exc:
+            print(f"ddpad: {exc}", file=sys.stderr)
+            return 130
+        except KeyboardInterrupt:
+            print("ddpad: interrupted", file=sys.stderr)
+            return 130

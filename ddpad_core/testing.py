@@ -36,7 +36,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from ._runtime import PaddedModel, resolve_adapter
+from ._padded import PaddedModel
+from ._wrap import resolve_adapter
 
 __all__ = [
     "AdapterTests",

@@ -29,7 +29,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without torch-sim
     raise ImportError("ddpad.torchsim needs torch-sim: pip install 'ddpad[torchsim]'") from exc
 
-from ._runtime import Evaluator, PaddedModel
+from ._evaluator import Evaluator
+from ._padded import PaddedModel
 
 __all__ = ["Model"]
 

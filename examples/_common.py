@@ -42,7 +42,7 @@ def run(dyn: Any, atoms: Any, steps: int) -> float:
 def report(calc: Any, rate: float) -> None:
     stats = calc.wrapped.stats
     print(f"steps/s: {rate:.2f}")
-    print(f"compiled graphs: {stats.graphs} (growth events: {len(stats.growths)})")
+    print(f"compiled graphs: {stats.graphs} (growth calls: {stats.growth_calls}, caps grown: {len(stats.growths)})")
     for event in stats.growths:
         print(f"  call {event.call}: {event.key} {event.old} -> {event.new} (real {event.real})")
     print("fill: " + ", ".join(f"{k} {v:.2f} of {stats.caps[k]}" for k, v in sorted(stats.fill.items())))

@@ -143,7 +143,7 @@ def main() -> None:
 
     stats = potential.stats
     ranks = comm.gather({
-        "graphs": stats.graphs, "growths": len(stats.growths), "caps": stats.caps,
+        "graphs": stats.graphs, "growths": stats.growth_calls, "caps": stats.caps,
         "graphs_compiled": stats.graphs_compiled, "graphs_loaded": stats.graphs_loaded,
         "compile_s": stats.compile_seconds, "load_s": stats.load_seconds,
         "ghosts": [r.n_ghost for r in potential.records],
@@ -157,7 +157,7 @@ def main() -> None:
         print("step 0 vs the eager model on the whole periodic system: " + ", ".join(f"{k} {v:.1e}" for k, v in check.items()))
         for rank, info in enumerate(ranks):
             print(f"rank {rank}: {info['graphs']} graphs ({info['graphs_compiled']} compiled in {info['compile_s']:.1f} s, "
-                  f"{info['graphs_loaded']} loaded in {info['load_s']:.1f} s), {info['growths']} growths, caps {info['caps']}, "
+                  f"{info['graphs_loaded']} loaded in {info['load_s']:.1f} s), {info['growths']} growth calls, caps {info['caps']}, "
                   f"local atoms {min(info['local'])}-{max(info['local'])}, ghosts {min(info['ghosts'])}-{max(info['ghosts'])}")
         if args.json:
             with open(args.json, "w") as fh:

@@ -202,14 +202,52 @@ def test_checked_agreement_raises_on_every_rank(tmp_path: pathlib.Path) -> None:
         if rank == 0:
             assert r["before_exchange"][0].startswith("KeyError")
         else:
-            assert r["before_exchange"][0].startswith("AgreementError: ddpad: a rank's step failed")
+            step = results[0]["before_exchange_step"] - 1  # the exchange rank 0 made alone to report it
+            assert r["before_exchange"][0].startswith(
+                f"AgreementError: ddpad: rank 0's step failed before the cap exchange at step {step}")
         assert r["before_exchange"][1] < 5
         assert r["before_exchange_step"] == results[0]["before_exchange_step"]
         first, second = r["after_exchange"]
         assert first[0] == ("RuntimeError: model blew up" if rank == 0 else "no error")
-        assert second[0].startswith("AgreementError: ddpad: a rank's step failed before the cap exchange at step 1")
+        # the step that failed and the rank, not the step that reported it (issue 27)
+        assert second[0].startswith(
+            "AgreementError: ddpad: rank 0's step failed after the cap exchange at step 0, reported at step 1")
         assert r["loaded_caps"] == results[0]["loaded_caps"] == {"atoms": 256, "edges": 4096, "systems": 8}
     assert "paired with a collective that is not ddpad's" in results[0]["paired"][0]
     message, seconds = results[0]["timeout"]
     assert message.startswith("AgreementError: ddpad: the cap exchange at step 0 timed out after 2 s")
     assert 1.5 < seconds < 10
+
+
+def dead_peer_worker(rank: int, world: int) -> dict[str, Any]:
+    import os
+
+    import ddpad
+    from ddpad import CapPolicy, resolve_caps
+
+    policy = CapPolicy(1.15)
+    with ddpad.cap_agreement_group(None, "cpu", timeout=60.0):
+        if rank == 1:
+            os._exit(0)  # a peer that dies (its connection closes) instead of arriving
+        return {"dead": _raises(lambda: resolve_caps({}, {"atoms": (10, policy)}))}
+
+
+def test_a_dead_peer_is_not_reported_as_a_timeout(tmp_path: pathlib.Path) -> None:
+    """gloo reports a peer that died within a second; the error says the
+    collective failed (after how long), not that it "timed out after 60 s"."""
+    import json
+
+    import torch.multiprocessing as mp
+    from _spawn import _entry, free_port
+
+    ctx = mp.start_processes(_entry, args=(dead_peer_worker, 2, free_port(), str(tmp_path), ()), nprocs=2,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + 120
+    while not all(not p.is_alive() for p in ctx.processes) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for proc in ctx.processes:
+        if proc.is_alive():
+            proc.kill()
+    message, seconds = json.loads((tmp_path / "rank0.json").read_text())["dead"]
+    assert message.startswith("AgreementError: ddpad: the cap exchange at step 0 failed after"), message
+    assert "timed out" not in message and seconds < 30

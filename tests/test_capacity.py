@@ -176,3 +176,31 @@ def test_a_growth_takes_the_smallest_ready_rung_that_fits() -> None:
     assert grow({"atoms": 80, "edges": 704}, 33, 717, [{"atoms": 64, "edges": 928}]) == {"atoms": 80, "edges": 944}
     assert grow({"atoms": 48, "edges": 704}, 64, 717, [{"atoms": 64, "edges": 928}]) == {"atoms": 96, "edges": 944}
     assert grow({}, 33, 717, rungs) == {"atoms": 48, "edges": 976}  # first sight sizes from the need alone
+
+
+def test_the_growth_rule_is_one_function_for_resolution_rungs_and_shrink(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``CapPolicy.grow`` is the one growth rule: changing it changes how a
+    resolution grows a cap, the warm ladder's rungs and a shrink's new cap
+    alike (before, each wrote ``max(stride, bucket(...))`` itself)."""
+    from ddpad._capacity import CapResolution
+    from ddpad._ladder import ladder
+    from ddpad._shrink import Shrinker
+
+    policy = CapPolicy(1.0, grow_factor=1.3, stride=16)
+
+    def outcomes() -> tuple[int, list[dict[str, int]], int]:
+        state = {"edges": 64}
+        grown = resolve_caps(state, {"edges": (65, policy)})["edges"]
+        rungs = ladder({"edges": 64}, [CapResolution("edges", 60, 60, 64, 64, policy)], 2)
+        shrinker = Shrinker(ddpad.ShrinkPolicy(below=0.5, after=1, factor=1.3))
+        caps = {"edges": 1024}
+        shrinker.observe(1, [CapResolution("edges", 100, 100, 1024, 1024, policy)], caps)
+        return grown, rungs, caps["edges"]
+
+    assert outcomes() == (96, [{"edges": 96}, {"edges": 128}], 144)  # SPEC section 2's bucket
+
+    def powers_of_two(self: CapPolicy, need: int, factor: float | None = None) -> int:
+        return 1 << max(need - 1, 1).bit_length()
+
+    monkeypatch.setattr(CapPolicy, "grow", powers_of_two)
+    assert outcomes() == (128, [{"edges": 128}, {"edges": 256}], 128)

@@ -42,7 +42,7 @@ def test_list_shows_missing_packages_with_hints() -> None:
     assert res.returncode == 0, res.stderr
     rows = {row["name"]: row for row in json.loads(res.stdout)}
     assert rows["toy"]["status"] == "installed" and rows["toy"]["kind"] == "plugin"
-    assert rows["broken"]["status"] == "unavailable" and "broken on purpose" in rows["broken"]["error"]
+    assert rows["broken"]["status"] == "broken" and "broken on purpose" in rows["broken"]["error"]
     for name in ("mace", "uma", "aimnet2"):
         assert rows[name]["kind"] == "built-in" and rows[name]["install"] == f"pip install 'ddpad[{name}]'"
     text = ddpad("list").stdout
@@ -69,9 +69,9 @@ def test_run_writes_caps_trajectory_and_numbers(tmp_path: pathlib.Path) -> None:
     assert lines[i + 1].startswith("first call done in ")
     # caps go to the user cache folder, never into the working directory unasked
     assert not list(tmp_path.glob("*caps*.json"))
-    cached = tmp_path / "cache" / "ddpad" / "toy-caps.json"
-    assert f"caps written to {cached} (pass --caps {cached} to start warm)" in res.stdout
-    assert doc["caps_file"] == str(cached)
+    (cached,) = (tmp_path / "cache" / "ddpad" / "caps").glob("toy-Ar27-*.json")
+    assert f"caps written to {cached} (the next run of this model on this system starts from them)" in res.stdout
+    assert doc["caps_file"] == str(cached) and doc["growth_calls"] == 0
     caps = json.loads(cached.read_text())
     assert caps["adapter"] == "toy" and set(caps["caps"]) == {"atoms", "edges", "systems"}
     (tmp_path / "ddpad-toy-caps.json").write_text(cached.read_text())
@@ -207,7 +207,9 @@ def _state_dict(folder: pathlib.Path) -> None:
         (["run", "toy", "--device", "gpu0"], None, "--device 'gpu0' is not a device torch knows"),
         (["run", "toy", "--caps", "bad.json"], _write("bad.json", "{not json"), "bad.json"),
         (["run", "toy", "--caps", "other.json"], _write("other.json", '{"atoms": 64}'), "other.json"),
-        (["run", "toy", "--model", "weights.pt"], _state_dict, "cannot load 'weights.pt' as a toy model"),
+        (["run", "toy", "--model", "weights.pt"], _state_dict,
+         "cannot load 'weights.pt' as a toy model: it holds an OrderedDict (a state_dict"),
+        (["run", "toy", "--caps", "c.json", "--no-caps"], None, "--no-caps (start from the system's own caps) and"),
         (["run", "toy", "--model", "notes.txt"], _write("notes.txt", "not a model\n"),
          "cannot load 'notes.txt' as a toy model (UnpicklingError"),
         (["run", "toy", "--traj", "nowhere/md.xyz"], None, "--traj 'nowhere/md.xyz': directory"),
@@ -283,3 +285,173 @@ def test_bad_input_is_one_clear_line(args: list[str], message: str, tmp_path: pa
     assert res.returncode == 2
     lines = errors(res)
     assert len(lines) == 1 and lines[0].startswith("ddpad: error:") and message in lines[0], res.stderr
+
+
+def test_caps_of_another_adapter_are_refused_before_they_are_announced(tmp_path: pathlib.Path) -> None:
+    import ddpad as ddpad_api  # the ddpad() helper above runs the command
+
+    ddpad_api.save_caps({"atoms": 64, "edges": 1024, "systems": 4}, tmp_path / "mace-caps.json", adapter="mace")
+    res = ddpad("run", "toy", "--caps", "mace-caps.json", "--no-compile", "--steps", "1", cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert errors(res) == ["ddpad: error: caps file 'mace-caps.json' holds caps of adapter 'mace', not 'toy'"]
+    assert "caps loaded" not in res.stdout, res.stdout
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert cli.main(["run", "toy", "--no-compile", "--steps", "1", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_cached_caps_are_per_model_and_system_and_read_back(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    first = _run(capsys)
+    assert "caps loaded" not in first
+    folder = tmp_path / "cache" / "ddpad" / "caps"
+    (default,) = folder.glob("toy-Ar27-*.json")
+    doc = json.loads(default.read_text())
+    doc["caps"]["edges"] += 16  # an earlier run's grown caps: the next run starts from them
+    default.write_text(json.dumps(doc))
+    again = _run(capsys)
+    assert (f"caps loaded from {default} (the last run of this model on this system; --no-caps starts from the "
+            f"system's own): {doc['caps']}") in again
+    assert f"(cap {doc['caps']['edges']})" in again  # the grown cap was used
+    # another system and another model (float64: another architecture) each get their own file
+    other_system = _run(capsys, "--system", "H2O")
+    other_model = _run(capsys, "--dtype", "float64")
+    assert "caps loaded" not in other_system and "caps loaded" not in other_model
+    files = sorted(p.name for p in folder.glob("*.json"))
+    assert len(files) == 3 and any(name.startswith("toy-H2O-") for name in files), files
+    assert json.loads(default.read_text())["caps"] == doc["caps"]  # not overwritten by the others
+    assert "caps loaded" not in _run(capsys, "--no-caps")
+    # an explicit --caps FILE wins over the cache
+    import ddpad as ddpad_api  # the ddpad() helper above runs the command
+
+    ddpad_api.save_caps({"atoms": 96, "edges": 2048, "systems": 4}, tmp_path / "mine.json", adapter="toy")
+    mine = _run(capsys, "--caps", "mine.json")
+    assert "caps loaded from mine.json: {'atoms': 96, 'edges': 2048, 'systems': 4}" in mine
+
+
+def test_a_corrupt_cached_caps_file_is_ignored_with_a_warning(tmp_path: pathlib.Path,
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _run(capsys)
+    (default,) = (tmp_path / "cache" / "ddpad" / "caps").glob("toy-*.json")
+    default.write_text("{truncated")
+    assert cli.main(["run", "toy", "--no-compile", "--steps", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "caps loaded" not in out and "ddpad: warning: ignoring the cached caps (" in err
+    assert json.loads(default.read_text())["caps"]  # rewritten whole
+
+
+_SLOW_FIRST_COMPILE = """
+import sys, time
+import torch
+from ddpad import cli
+
+def slow(gm, example_inputs):  # a compile that takes long enough to press Ctrl-C in
+    print("COMPILING", flush=True)
+    time.sleep(120)
+    return gm
+
+torch._dynamo.register_backend(slow, name="slow_for_test")
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_during_the_first_compile_is_one_line_and_writes_nothing(tmp_path: pathlib.Path) -> None:
+    import signal
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_FIRST_COMPILE, "run", "toy", "--backend", "slow_for_test", "--steps", "2",
+         "--traj", "md.xyz"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.startswith("COMPILING"):
+                break
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == 130, err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("ddpad: warning:")]
+    assert lines == ["ddpad: interrupted during the first compile; nothing was written"], err
+    assert not (tmp_path / "md.xyz").exists()
+    assert not list((tmp_path / "cache").rglob("*caps*.json"))
+
+
+_HELP_WITHOUT_TORCH = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("ddpad_cli_alone", sys.argv[1])
+cli = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cli)
+for argv in (["-h"], ["run", "-h"], ["bench", "-h"], ["precompile", "-h"], ["list", "-h"]):
+    try:
+        cli.main(argv)
+    except SystemExit as exc:
+        assert exc.code == 0, (argv, exc.code)
+print("torch" in sys.modules, "numpy" in sys.modules, "ase" in sys.modules)
+"""
+
+
+def test_help_imports_neither_torch_nor_a_model_package() -> None:
+    res = subprocess.run([sys.executable, "-c", _HELP_WITHOUT_TORCH, cli.__file__], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == "False False False", res.stdout[-2000:]
+
+
+def test_ddpad_help_as_a_user_runs_it_imports_no_torch() -> None:
+    code = ("import sys\nfrom ddpad import cli\ntry:\n    cli.main(['-h'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0 and res.stdout.splitlines()[-1] == "False", (res.stdout[-500:], res.stderr[-2000:])
+
+
+def test_bench_overhead_runs_without_numpy() -> None:
+    code = ("import sys\nsys.modules['numpy'] = None  # a core install: torch only\nfrom ddpad import cli\n"
+            "sys.exit(cli.main(['bench', '--overhead', '--sizes', '20', '--calls', '1']))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "dense-batch" in res.stdout and "ModuleNotFoundError" not in res.stderr
+
+
+def test_growths_are_counted_in_calls_with_the_caps_that_grew() -> None:
+    from ddpad import CapEvent, Stats
+
+    stats = Stats(growths=[CapEvent(3, "atoms", 32, 48, 40, 40), CapEvent(3, "edges", 512, 704, 600, 600),
+                           CapEvent(9, "edges", 704, 912, 800, 800)])
+    assert cli._growth_summary(stats) == "growth calls: 2 (atoms 32 -> 48, edges 512 -> 912 (2 growths))"
+    assert cli._growth_summary(Stats()) == "growth calls: 0"
+
+
+def test_main_restores_warning_filters_format_and_logging(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    root, own = logging.getLogger(), logging.getLogger("ddpad")
+
+    def state() -> tuple[object, ...]:
+        return (list(warnings.filters), warnings.formatwarning, list(root.handlers), root.level,
+                list(own.handlers), own.level, own.propagate)
+
+    before = state()
+    for verbose in ([], ["-v"]):
+        assert cli.main([*verbose, "run", "toy", "--no-compile", "--steps", "1"]) == 0
+        assert state() == before, verbose
+    capsys.readouterr()
+
+
+def test_ddpad_log_records_read_as_its_warnings(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    with cli._cli_scope(verbose=False):
+        logging.getLogger("ddpad").warning("ddpad: the compile store is not used with backend %r", "eager")
+        logging.getLogger("ddpad").info("ddpad: compiling (hidden without -v)")
+    with cli._cli_scope(verbose=True):
+        logging.getLogger("ddpad").info("compiling")
+    assert capsys.readouterr().err.splitlines() == [
+        "ddpad: warning: the compile store is not used with backend 'eager'", "ddpad: compiling"]

@@ -17,8 +17,8 @@ import ddpad
 import pytest
 import torch
 from ddpad import CompileStore
-from ddpad._runtime import _store_environment
 from ddpad._store import _graph_key
+from ddpad._store import store_environment as _store_environment
 
 toy = pytest.importorskip("ddpad_toy_plugin")
 
@@ -47,6 +47,35 @@ def test_model_key_follows_architecture_dtype_and_backend_not_weights(tmp_path: 
     other = _store_environment(toy.ADAPTER, {}, {"backend": "aot_eager", "dynamic": False})
     assert store.model_key(_model(), **other) != base
     assert json.loads((tmp_path / base / "model.json").read_text())["adapter"] == "toy"
+
+
+@pytest.mark.parametrize(("adapter", "distribution"), [("mace", "mace-torch"), ("allegro", "nequip-allegro")])
+def test_model_key_follows_the_model_packages_distribution_version(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, adapter: str, distribution: str) -> None:
+    """The key records the version of the distribution that provides the
+    adapter's model package (``mace`` is installed as ``mace-torch``), so an
+    upgrade changes it; before, ``requires`` import names were looked up as
+    distribution names, ``mace`` was not found and e3nn's version went in."""
+    import dataclasses
+    import importlib.metadata
+
+    from ddpad.adapters._registry import _BUILTINS
+
+    declared = dataclasses.replace(toy.ADAPTER, name=adapter, requires=_BUILTINS[adapter].requires)
+    provides = {"mace": ["mace-torch"], "e3nn": ["e3nn"], "allegro": ["nequip-allegro"], "nequip": ["nequip"]}
+    versions = {"mace-torch": "0.3.14", "e3nn": "0.4.4", "nequip-allegro": "0.8.2", "nequip": "0.14.0"}
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: provides)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: versions[name])
+    store, model = CompileStore(tmp_path), _model()
+
+    def key() -> str:
+        return store.model_key(model, **_store_environment(declared, {}, {"backend": "inductor"}))
+
+    before = key()
+    recorded = json.loads((tmp_path / before / "model.json").read_text())["packages"]
+    assert recorded[distribution] == versions[distribution]
+    versions[distribution] += ".post1"  # pip install -U of the model package alone
+    assert key() != before
 
 
 def test_graph_key_follows_caps() -> None:
@@ -288,7 +317,9 @@ def test_a_graph_past_torchs_caches_counts_as_uncached(tmp_path: pathlib.Path, c
     entry then "missed")."""
     from torch._inductor.compile_fx import compile_fx
 
-    from ddpad._runtime import Stats, _CountingBackend, store_link
+    from ddpad._compile import _CountingBackend
+    from ddpad._stats import Stats
+    from ddpad._store import bind_store as store_link
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
 
@@ -382,7 +413,7 @@ def test_the_ladder_grows_every_count_but_the_systems() -> None:
     atoms but grow with them: every rung moves them too; ``systems`` stays;
     the ladder ends where every growing key is at its ceiling."""
     from ddpad import CapPolicy
-    from ddpad._background import ladder
+    from ddpad._ladder import ladder
     from ddpad._capacity import CapResolution
 
     def resolved(atoms_max: int | None = None, neighbours_max: int | None = None) -> list[CapResolution]:

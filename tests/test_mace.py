@@ -229,4 +229,5 @@ def test_a_restarted_compile_is_still_timed_and_stored(tmp_path: pathlib.Path) -
     assert evaluator.wrapped is not None
     evaluator.wrapped(data, **adapter.energy_only_options)
     stats = evaluator.wrapped.stats
-    assert stats.graphs == 1 and stats.graphs_compiled == 1 and stats.store_misses == 1
+    # aot_eager leaves nothing in torch's caches: the store says so once and counts no miss (issue 27)
+    assert stats.graphs == 1 and stats.graphs_compiled == 1 and stats.store_misses == 0

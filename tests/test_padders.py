@@ -421,7 +421,7 @@ def test_dense_sentinels_point_at_the_pad_index_at_every_size(cls: type[DensePad
     state: dict[str, int] = {}
     for n in (20, 2000, 150, 1500):
         data = _dense_step(cls, n, 40, gen, dtype)
-        data["nbmat"][:n] = torch.randint(-2, n + 4, (n, 40), generator=gen).to(dtype)
+        data["nbmat"][:n] = torch.randint(0, n + 4, (n, 40), generator=gen).to(dtype)  # negatives: an error
         out = padder.pad(data, state)
         n_cap = out["nbmat"].shape[0]
         pad_index = n_cap - 1 if cls is DensePadder else n_cap
@@ -514,21 +514,23 @@ class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 @pytest.mark.parametrize("sentinels", [0, 3])
-def test_steady_state_reads_at_most_the_cpu_sentinel_check(sentinels: int) -> None:
-    """At most one value is read per call, on the CPU only (whether any edge is
-    a sentinel: free there, skipped on other devices, see the meta test); no
+def test_steady_state_reads_at_most_the_cpu_input_checks(sentinels: int) -> None:
+    """Values are read on the CPU only (free there, skipped on other devices,
+    see the meta test): the edge index's smallest and largest entries (a
+    negative one is an error, a sentinel takes the masked copies), the
+    system labels' (within the systems), a dense matrix's smallest; no
     boolean-mask indexing (a ``nonzero`` inside the kernel) anywhere."""
     gen = torch.Generator().manual_seed(4)
     padder, state = mace_like(), {}
     padder.pad(_coo_step(30, 120, gen, sentinels=sentinels), state)
     with _HostReads() as mode:
         padder.pad(_coo_step(29, 118, gen, sentinels=sentinels), state)
-    assert mode.reads in ([], ["aten._local_scalar_dense.default"])
+    assert mode.reads == ["aten._local_scalar_dense.default"] * 4
     dense = dense_padder(DensePadder, "own")
     dense.pad(_dense_step(DensePadder, 20, 7, gen), state)
     with _HostReads() as mode:
         dense.pad(_dense_step(DensePadder, 19, 6, gen), state)
-    assert mode.reads == []
+    assert mode.reads == ["aten._local_scalar_dense.default"] * 3
 
 
 class _Reductions(torch.utils._python_dispatch.TorchDispatchMode):
@@ -547,11 +549,13 @@ class _Reductions(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 def test_steady_coo_pad_reduces_whole_tensors_with_amax() -> None:
-    """The two reductions of a steady CPU call (is any edge a sentinel; how far
-    out go the dead atoms) are whole-tensor ``amax``: torch's CPU ``max`` of
-    int64 is not vectorised (189 vs 53 us over 400,000 edges), and a
-    reduction over dim 0 of ``[N, 3]`` positions took 82 us at 10,000 atoms
-    (issue 15). The dead atoms still clear every real atom's cutoff."""
+    """The reductions of a steady CPU call (is any edge a sentinel or
+    negative; are the labels within the systems; how far out go the dead
+    atoms) are whole-tensor: one ``aminmax`` per index field, ``amax`` of
+    the positions (torch's CPU ``max`` of int64 is not vectorised: 189 vs 53
+    us over 400,000 edges, and a reduction over dim 0 of ``[N, 3]``
+    positions took 82 us at 10,000 atoms, issue 15). The dead atoms still
+    clear every real atom's cutoff."""
     gen = torch.Generator().manual_seed(5)
     padder, state = mace_like(), {}
     padder.pad(_coo_step(30, 120, gen), state)
@@ -559,7 +563,7 @@ def test_steady_coo_pad_reduces_whole_tensors_with_amax() -> None:
     data["positions"][:, 2] += 80.0  # a box far from the origin, long in z
     with _Reductions() as mode:
         out = padder.pad(data, state)
-    assert mode.calls == [("amax", []), ("amax", [])]
+    assert mode.calls == [("aminmax", []), ("aminmax", []), ("amax", [])]
     assert bool((torch.cdist(out["positions"][29:], data["positions"]) > CUTOFF).all())
 
 
@@ -592,3 +596,138 @@ def test_count_fields_under_reuse_equal_a_fresh_pad(steps: list[tuple[int, int]]
         assert int(out["natoms"].sum()) == 48 and int(out["nedges"].sum()) == 160
         if i == written:
             out["natoms"].add_(7)  # in place through the alias: its version counter moves
+
+
+# -- dead rows: decided in one place (ddpad._padders._dead), issue 24
+
+
+def _fake_model(name: str) -> torch.nn.Module:
+    """Just what each adapter's make_padder reads (its cutoff, sevenn's type map)."""
+    model = torch.nn.Module()
+    if name == "mace":
+        model.r_max = 5.0
+    elif name == "uma":
+        model.backbone = torch.nn.Module()
+        model.backbone.cutoff = 6.0
+    elif name in ("nequip", "allegro"):
+        model.metadata = {"r_max": "4.0"}
+    elif name == "sevennet":
+        model.cutoff, model.type_map = 5.0, {6: 0, 8: 1}
+    elif name == "mattersim":
+        model.model = torch.nn.Module()
+        model.model.model_args, model.model.graph_conv = {"cutoff": 5.0, "threebody_cutoff": 4.0}, None
+    return model  # orb: no system_config, orb's envelope radius
+
+
+# today's choice of every built-in COO adapter: dead self-loops, or the anchor pair
+ADAPTER_SELF_LOOPS = {"mace": True, "uma": False, "nequip": True, "allegro": True, "sevennet": True, "orb": True,
+                      "mattersim": False}
+
+
+@pytest.mark.parametrize("name", sorted(ADAPTER_SELF_LOOPS))
+def test_each_adapters_dead_rows_come_from_the_one_rule(name: str) -> None:
+    """Every built-in adapter's padder takes its self-loop / anchor-pair choice,
+    and the dead atom rows that needs, from ``_dead.coo_dead_rows`` (nequip
+    and allegro through ``vectors_from_cell``, not an ``__init__`` of their
+    own); the choices are the ones the adapters made before the rule moved."""
+    import importlib
+
+    from ddpad._padders import _dead
+
+    padder = importlib.import_module(f"ddpad.adapters.{name}").ADAPTER.make_padder(_fake_model(name))
+    rule = _dead.coo_dead_rows(padder.placement, padder.edge_fields, padder.system_fields, padder.dead_length,
+                               vectors_from_cell=type(padder).vectors_from_cell)
+    assert padder.dead == rule and padder.self_loop is ADAPTER_SELF_LOOPS[name]
+    assert rule.rows_needed == (1 if rule.self_loop else 2)
+    # joined to a real system every adapter falls back to the anchor pair
+    joined = _dead.coo_dead_rows("join", padder.edge_fields, padder.system_fields, padder.dead_length,
+                                 vectors_from_cell=type(padder).vectors_from_cell)
+    assert not joined.self_loop and joined.rows_needed == 2
+    # check_fits (and cap_atoms=False) count the rule's dead rows
+    n = 10
+    counts = {padder.atoms_key: n, padder.systems_key: 1, "edges": 0, "triplets": 0}
+    caps = {padder.atoms_key: n + rule.rows_needed, padder.systems_key: 2, "edges": 16, "triplets": 64}
+    padder.check_fits(counts, caps)
+    with pytest.raises(RuntimeError, match="'atoms' overflows"):
+        padder.check_fits(counts, {**caps, padder.atoms_key: n + rule.rows_needed - 1})
+
+
+def test_a_changed_dead_row_rule_changes_the_coo_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The COO padder asks ``_dead`` for the dead edge pair, the dead
+    positions, the dead shift fills and the dead rows needed: a rule that
+    turns mace's self-loops into the anchor pair changes all of them."""
+    from ddpad._padders import _dead, coo
+
+    gen = torch.Generator().manual_seed(11)
+    data = _coo_step(20, 60, gen, sentinels=2)
+    loops = mace_like().pad(data, {})
+    n_cap = loops["positions"].shape[0]
+    assert torch.equal(loops["edge_index"][:, 60:], torch.full((2, loops["edge_index"].shape[1] - 60), n_cap - 1))
+    assert bool((loops["shifts"][60:, 0] > CUTOFF).all())
+
+    def anchor_rule(placement, edge_fields, system_fields, dead_length, **_):  # type: ignore[no-untyped-def]
+        return _dead.DeadRows(self_loop=False, rows_needed=2, dead_length=dead_length)
+
+    monkeypatch.setattr(coo, "coo_dead_rows", anchor_rule)
+    padder = mace_like()
+    assert padder.dead.rows_needed == 2 and padder.atoms_policy.extra == 1
+    out = padder.pad(data, {})
+    n_cap = out["positions"].shape[0]
+    dead = out["edge_index"][:, 60:]
+    assert bool((dead[0] == n_cap - 2).all()) and bool((dead[1] == n_cap - 1).all())
+    assert bool((out["edge_index"][0, :2] == n_cap - 2).all())  # the sentinels too
+    assert bool((out["shifts"][60:] == 0).all()) and bool((out["unit_shifts"][60:] == 0).all())
+    vec = out["positions"][n_cap - 1] - out["positions"][n_cap - 2]
+    assert float(vec.norm()) > CUTOFF
+    assert padder.pad(data, {}, cap_atoms=False)["positions"].shape[0] == 20 + 2
+
+
+def test_old_hook_names_still_work_for_one_release_and_warn() -> None:
+    """A subclass (another package's) overriding an old private hook name
+    gets it mapped onto the public hook, with a DeprecationWarning; its
+    ``super()`` calls on the old names reach the built-in hooks."""
+    with pytest.warns(DeprecationWarning) as record:
+        class Old(COOPadder):
+            def _count(self, data: dict[str, torch.Tensor]) -> dict[str, int]:
+                counts = super()._count(data)
+                self.seen = dict(counts)
+                return counts
+
+            def _row_counts(self, n_atoms: int) -> dict[str, int]:
+                return {**super()._row_counts(n_atoms), "extra_out": 1}
+
+    assert sorted(str(w.message).split(": ")[1].split(", renamed")[0] for w in record) == [
+        "test_old_hook_names_still_work_for_one_release_and_warn.<locals>.Old overrides _count",
+        "test_old_hook_names_still_work_for_one_release_and_warn.<locals>.Old overrides _row_counts"]
+    assert "renamed count (a public hook of ddpad.PadderBase)" in str(record[0].message)
+    data = _coo_step(12, 30, torch.Generator().manual_seed(2))
+    padder = Old(CUTOFF)
+    out = padder.pad(data, {})
+    assert padder.seen == {"atoms": 12, "edges": 30, "systems": 1}
+    assert out["positions"].shape[0] > 12
+    assert padder.unpad({"extra_out": torch.zeros(5)})["extra_out"].shape == (1,)
+    assert padder._count(data) == padder.count(data)  # old names still callable
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+
+        class New(COOPadder):  # the public names: no warning
+            def count(self, data: dict[str, torch.Tensor]) -> dict[str, int]:
+                return super().count(data)
+
+    assert New(CUTOFF)._count(data) == {"atoms": 12, "edges": 30, "systems": 1}
+
+
+def test_edge_pair_and_ptr_outputs_are_sliced() -> None:
+    """``edge_pair_outputs`` ([2, E], sliced on the last axis) and
+    ``ptr_outputs`` ([S + 1]): what nequip's and sevenn's padders did in
+    their own ``unpad``."""
+    padder = COOPadder(CUTOFF, edge_pair_outputs=("edge_index", "not_a_pair"), ptr_outputs=("ptr",))
+    data = _coo_step(12, 30, torch.Generator().manual_seed(2))
+    out = padder.pad({k: data[k] for k in ("positions", "edge_index", "batch", "ptr")}, {})
+    back = padder.unpad({"edge_index": out["edge_index"], "ptr": out["ptr"], "not_a_pair": torch.zeros(7),
+                         "nested": {"edge_index": out["edge_index"]}})
+    assert torch.equal(back["edge_index"], data["edge_index"]) and torch.equal(back["ptr"], data["ptr"])
+    assert torch.equal(back["nested"]["edge_index"], data["edge_index"])
+    assert back["not_a_pair"].shape == (7,)  # not [2, E]: left as is

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
+import pathlib
 import subprocess
 import sys
 import warnings
@@ -148,3 +150,77 @@ def test_flat_energy_key_follows_properties() -> None:
     assert renamed.flat_energy_key == "total_energy"
     flattened = dataclasses.replace(renamed, properties=lambda out: {"energy": out["total_energy"]})
     assert flattened.flat_energy_key == "energy"
+
+
+def _broken_site(root: pathlib.Path, package: str) -> pathlib.Path:
+    """A ``site-packages`` folder holding ``package``, which imports an
+    installed distribution ``fakevision 0.1`` whose import raises as a
+    torchvision built for another torch does (issue 28)."""
+    site = root / "site-packages"
+    (site / package).mkdir(parents=True)
+    (site / package / "__init__.py").write_text("import fakevision\n")
+    (site / "fakevision").mkdir()
+    (site / "fakevision" / "__init__.py").write_text(
+        "raise RuntimeError('while registering fakes\\noperator fakevision::nms does not exist')\n"
+    )
+    info = site / "fakevision-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakevision\nVersion: 0.1\n")
+    (info / "top_level.txt").write_text("fakevision\n")
+    return site
+
+
+def _ddpad(site: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "ddpad", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_model_package_that_fails_to_import_is_broken_not_installed(tmp_path: pathlib.Path) -> None:
+    """A model package that is present but fails to import (issue 28:
+    mattersim beside a torchvision built for another torch) is listed as
+    ``broken`` with the failure's last line, the package it came from and
+    the fix, never as ``installed``; ``get`` raises (reason ``broken``)."""
+    site = _broken_site(tmp_path, "mattersim")  # shadows a real mattersim too
+    res = _ddpad(site, "list", "--json")
+    assert res.returncode == 0, res.stderr
+    (row,) = [r for r in json.loads(res.stdout[res.stdout.index("["):]) if r["name"] == "mattersim"]
+    assert row["status"] == "broken"
+    assert "RuntimeError: operator fakevision::nms does not exist" in row["error"]
+    assert "fakevision 0.1" in row["error"] and "pip install 'ddpad[mattersim]'" in row["error"]
+    code = (
+        "import ddpad.adapters as a\n"
+        "try:\n    a.get('mattersim')\n"
+        "except a.AdapterUnavailable as exc:\n    print(exc.reason, exc.install_hint)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "broken pip install 'ddpad[mattersim]'"
+
+
+def test_run_on_a_broken_model_package_is_one_error_line(tmp_path: pathlib.Path) -> None:
+    """``ddpad run`` on an adapter whose model package fails to import: one
+    ``ddpad: error:`` line naming the failure and the fix, exit 2, no traceback."""
+    site = _broken_site(tmp_path, "mattersim")
+    res = _ddpad(site, "run", "mattersim", "--steps", "2", "--backend", "aot_eager")
+    assert res.returncode == 2, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip() and not line.startswith("ddpad: warning:")]
+    assert len(lines) == 1 and lines[0].startswith("ddpad: error: ddpad adapter 'mattersim' is broken"), lines
+    assert "operator fakevision::nms does not exist" in lines[0] and "pip install 'ddpad[mattersim]'" in lines[0]
+    assert "Traceback" not in res.stderr + res.stdout
+
+
+def test_builtin_declarations_come_from_the_registry() -> None:
+    """``requires`` (import names, the model package's first) and
+    ``install_hint`` of a built-in are written once, in the registry, and
+    its adapter module carries them without declaring them again."""
+    from ddpad.adapters import _registry
+    from ddpad.adapters._common import builtin_adapter
+
+    for name, entry in _registry._BUILTINS.items():
+        assert entry.install_hint == f"pip install 'ddpad[{name}]'"
+        assert entry.requires and all(isinstance(r, str) for r in entry.requires)
+    assert _registry._BUILTINS["mace"].requires[0] == "mace"
+    assert _registry._BUILTINS["allegro"].requires[0] == "allegro"
+    adapter = builtin_adapter("orb", make_padder=lambda m: ddpad.COOPadder(1.0), energy_key="energy",
+                              cutoff=lambda m: 1.0, build_input=lambda m, atoms: atoms)
+    assert adapter.requires == ("orb_models",) and adapter.install_hint == "pip install 'ddpad[orb]'"

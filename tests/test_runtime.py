@@ -295,3 +295,48 @@ def test_growth_past_dynamos_recompile_limit_still_compiles() -> None:
         n = int(n * 1.45) + 1
     assert len({e.call for e in wrapped.stats.growths}) > torch._dynamo.config.recompile_limit
     check_compiles(wrapped)
+
+
+def test_a_compile_announces_itself_through_the_ddpad_logger(caplog: pytest.LogCaptureFixture) -> None:
+    """The Python API printed nothing while it compiled (19 minutes of
+    silence on a loaded machine): the first call and each growth say, at
+    INFO on the ``ddpad`` logger, the caps they compile at and how long it
+    took; a steady call says nothing."""
+    steps = trajectory(30, 1, seed=3)
+    wrapped = padded_model(MPNN(), backend="aot_eager")
+    with caplog.at_level(logging.INFO, logger="ddpad"):
+        wrapped(steps[0])
+    first = caplog.text
+    assert "compiling at caps {" in first and "(first call)" in first
+    assert "graph(s) at caps {" in first and " s\n" in first
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ddpad"):
+        wrapped(steps[0])
+    assert "compil" not in caplog.text
+
+
+def test_known_third_party_noise_is_silenced_inside_ddpads_own_scopes(capsys: pytest.CaptureFixture[str]) -> None:
+    """About 12 third-party warnings and banners came out of a plain
+    ``wrap`` (e3nn, mace, TorchScript); those ddpad triggers itself (here:
+    preparing the model) are silenced there, and only there."""
+    import dataclasses
+
+    toy = pytest.importorskip("ddpad_toy_plugin")
+
+    def noisy_prepare(model: torch.nn.Module) -> torch.nn.Module:
+        warnings.warn("To copy construct from a tensor, it is recommended to use sourceTensor.detach().clone()",
+                      UserWarning, stacklevel=1)
+        warnings.warn("something the user should see", UserWarning, stacklevel=1)
+        print("cuequivariance or cuequivariance_torch is not available. Cuequivariance acceleration will be disabled.")
+        print("a line of the model's own")
+        return model
+
+    adapter = dataclasses.replace(toy.ADAPTER, prepare_model=noisy_prepare)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ddpad.wrap(toy.Morse(), adapter, compile=False)
+        warnings.warn("To copy construct from a tensor (outside ddpad)", UserWarning, stacklevel=1)
+    messages = [str(w.message) for w in caught]
+    assert messages == ["something the user should see", "To copy construct from a tensor (outside ddpad)"]
+    out = capsys.readouterr().out
+    assert "cuequivariance" not in out and "a line of the model's own" in out

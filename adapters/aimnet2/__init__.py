@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ddpad import DensePadder, Fill
-from ddpad.adapters import Adapter
+from ddpad.adapters._common import builtin_adapter
 
 __all__ = ["ADAPTER", "build_input", "default_system", "evaluate", "load_model", "make_padder", "random_model"]
 
@@ -228,16 +228,12 @@ def default_system() -> Any:
     return atoms
 
 
-ADAPTER = Adapter(
-    name="aimnet2",
+ADAPTER = builtin_adapter(
+    "aimnet2",
     make_padder=make_padder,
     energy_key="energy",
-    atom_outputs=ATOM_OUTPUTS,
-    system_outputs=SYSTEM_OUTPUTS,
     cutoff=_cutoff,
     build_input=build_input,
-    install_hint="pip install 'ddpad[aimnet2]'",
-    requires=("aimnet",),
     call=_step,
     input_context=lambda model: {"calculator": _calculator(model), "limit": max_number(model)},
     evaluate=evaluate,

@@ -56,7 +56,6 @@ def random_model(dtype: torch.dtype = torch.float64, device: str = "cpu", **conf
 
 ADAPTER = make_adapter(
     "allegro",
-    requires=("allegro", "nequip"),
     random_model=random_model,
     load_model=load_model,
     message_layers=lambda model: 1,  # strictly local: its layers act on an atom's own edges

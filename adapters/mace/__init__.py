@@ -32,8 +32,7 @@ import torch
 from torch import Tensor
 
 from ddpad import COOPadder, Fill
-from ddpad.adapters import Adapter
-from ddpad.adapters._systems import diamond_carbon
+from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon
 
 __all__ = ["ADAPTER", "build_input", "default_system", "load_model", "make_padder", "prepare_model", "random_model"]
 
@@ -107,7 +106,7 @@ def _step(model: Any, data: dict[str, Tensor], *args: Any, training: bool = True
     data["node_attrs"].requires_grad_(True)
     out = model(data, *args, training=True, **kwargs)
     if not training:
-        out = {k: (v.detach() if k in DERIVATIVES and isinstance(v, Tensor) else v) for k, v in out.items()}
+        out = detach(out, DERIVATIVES)
     return out
 
 
@@ -240,16 +239,12 @@ def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
 default_system = diamond_carbon
 
 
-ADAPTER = Adapter(
-    name="mace",
+ADAPTER = builtin_adapter(
+    "mace",
     make_padder=make_padder,
     energy_key="energy",
-    atom_outputs=ATOM_OUTPUTS,
-    system_outputs=SYSTEM_OUTPUTS,
     cutoff=_cutoff,
     build_input=build_input,
-    install_hint="pip install 'ddpad[mace]'",
-    requires=("mace", "e3nn"),
     prepare_model=prepare_model,
     call=_step,
     dynamo_config={"trace_autograd_ops": True},

@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -88,8 +89,8 @@ from typing import Any
 import torch
 from ase.units import GPa
 from ddpad import CapPolicy, COOPadder, Fill
-from ddpad.adapters import Adapter
-from ddpad.adapters._systems import diamond_carbon
+from ddpad._padders import EDGES_POLICY
+from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon
 from torch import Tensor
 
 __all__ = [
@@ -105,7 +106,7 @@ SYSTEM_OUTPUTS = (ENERGY, STRESSES)
 # per-triplet fields ``[T, ...]``, padded to the triplets cap (dead rows: see MatterSimPadder)
 TRIPLET_FIELDS = ("three_body_indices", "bond_index_bias", "three_body_edge_map")
 
-_EDGES = CapPolicy(initial_factor=1.35, grow_factor=1.30, stride=16, extra=1)
+_EDGES = dataclasses.replace(EDGES_POLICY, extra=1)  # a dead edge for the dead triplets
 _TRIPLETS = CapPolicy(initial_factor=1.5, grow_factor=1.30, stride=64)
 
 
@@ -162,21 +163,21 @@ class MatterSimPadder(COOPadder):
         self.triplets_key = triplets_key
         self.n_triplets: int | None = None
 
-    def _count(self, data: Mapping[str, Tensor]) -> dict[str, int]:
-        counts = super()._count(data)
+    def count(self, data: Mapping[str, Tensor]) -> dict[str, int]:
+        counts = super().count(data)
         tbi = data.get("three_body_indices")
         if tbi is None:
             raise KeyError("ddpad: mattersim input has no 'three_body_indices' (build it with batch_to_dict)")
         counts[self.triplets_key] = int(tbi.shape[0])
         return counts
 
-    def _extra_requests(self, counts: dict[str, int]) -> dict[str, tuple[int, CapPolicy]]:
-        requests = super()._extra_requests(counts)
+    def extra_requests(self, counts: dict[str, int]) -> dict[str, tuple[int, CapPolicy]]:
+        requests = super().extra_requests(counts)
         requests[self.triplets_key] = (counts[self.triplets_key], self.triplets_policy)
         return requests
 
-    def _check_fits(self, counts: Mapping[str, int], caps: Mapping[str, int]) -> None:
-        super()._check_fits(counts, caps)
+    def check_fits(self, counts: Mapping[str, int], caps: Mapping[str, int]) -> None:
+        super().check_fits(counts, caps)
         e, cap = counts[self.edges_key], caps[self.edges_key]
         if e + self.edges_policy.extra > cap:
             raise RuntimeError(
@@ -184,10 +185,12 @@ class MatterSimPadder(COOPadder):
                 f"with the dead edge of dead triplets) > cap {cap}; grow the cap or preset a larger one"
             )
 
-    def _pad_to(self, data: Mapping[str, Tensor], counts: dict[str, int], caps: Mapping[str, int]) -> dict[str, Any]:
+    def write_padded(
+        self, data: Mapping[str, Tensor], counts: dict[str, int], caps: Mapping[str, int],
+    ) -> dict[str, Any]:
         data = _complete(data)
         own = ("num_triple_ij", "num_three_body", *TRIPLET_FIELDS)
-        out = super()._pad_to({k: v for k, v in data.items() if k not in own}, counts, caps)
+        out = super().write_padded({k: v for k, v in data.items() if k not in own}, counts, caps)
         n_cap = int(out[self.positions].shape[0])
         e_cap = int(out[self.edge_index].shape[1])
         s_cap = int(out[self.system_count].shape[0])
@@ -308,10 +311,7 @@ def _step(
     if include_stresses:
         strain.requires_grad_(True)
     out = model(data, strain, include_forces, include_stresses, dataset_idx)
-    for key in DERIVATIVES:
-        if key in out:
-            out[key] = out[key].detach()
-    return out
+    return detach(out, DERIVATIVES)
 
 
 def evaluate(
@@ -475,16 +475,12 @@ def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
 default_system = diamond_carbon
 
 
-ADAPTER = Adapter(
-    name="mattersim",
+ADAPTER = builtin_adapter(
+    "mattersim",
     make_padder=make_padder,
     energy_key=ENERGY,
-    atom_outputs=ATOM_OUTPUTS,
-    system_outputs=SYSTEM_OUTPUTS,
     cutoff=_cutoff,
     build_input=build_input,
-    install_hint="pip install 'ddpad[mattersim]'",
-    requires=("mattersim",),
     prepare_model=prepare_model,
     call=_step,
     evaluate=evaluate,

@@ -39,8 +39,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from ddpad import CapPolicy, COOPadder, Fill
+from ddpad import COOPadder, Fill
 from ddpad.adapters import Adapter
+from ddpad.adapters._common import builtin_adapter
 from torch import Tensor
 
 __all__ = [
@@ -80,8 +81,6 @@ EDGE_OUTPUTS = (
 )
 # per-edge outputs laid out [2, E] like the edge index
 EDGE_PAIR_OUTPUTS = ("edge_index", "edge_type_flat")
-# COOPadder's self-loop atoms policy: one dead row (SPEC section 6 numbers)
-_ATOMS = CapPolicy(initial_factor=1.15, grow_factor=1.30, stride=16, strict_gt=False)
 
 
 def _graph_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -104,29 +103,14 @@ class NequIPPadder(COOPadder):
     nequip has no cartesian shift field: its edge vectors come from the
     lattice shift (``edge_cell_shift``) and the per-system ``cell``, so a
     self-loop through the dead system's cell (:attr:`Fill.DEAD_UNIT_SHIFT` with
-    :attr:`Fill.DEAD_CELL`) is already longer than the cutoff. ``unpad`` also
-    strips dead edges from the ``[2, E]`` outputs (``edge_index``,
-    ``edge_type_flat``: sliced on their last axis).
+    :attr:`Fill.DEAD_CELL`) is already longer than the cutoff (placement
+    ``"own"``; joined to a real system the anchor pair with zero shifts is
+    used). :func:`make_padder` also has ``unpad`` strip dead edges from the
+    ``[2, E]`` outputs (``edge_index``, ``edge_type_flat``: sliced on their
+    last axis, :data:`EDGE_PAIR_OUTPUTS`).
     """
 
-    def __init__(self, cutoff: float, **config: Any) -> None:
-        # self-loops need the dead system's own cell; joined to a real system
-        # (placement="join") the anchor pair with zero shifts is used
-        self_loop = config.get("placement", "own") == "own" and Fill.DEAD_UNIT_SHIFT in dict(
-            config.get("edge_fields") or {}).values()
-        if self_loop and config.get("atoms_policy") is None:  # one dead row: the self-loop atom
-            config["atoms_policy"] = _ATOMS
-        super().__init__(cutoff, **config)
-        self.self_loop = self_loop
-
-    def _unpad_mapping(self, output: Mapping[str, Any], n_atoms: int) -> dict[str, Any]:
-        out = super()._unpad_mapping(output, n_atoms)
-        if self.n_edges is not None:
-            for key in EDGE_PAIR_OUTPUTS:
-                value = out.get(key)
-                if isinstance(value, Tensor) and value.dim() == 2 and value.shape[0] == 2:
-                    out[key] = value[:, : self.n_edges]
-        return out
+    vectors_from_cell = True
 
 
 def make_padder(model: torch.nn.Module, **overrides: Any) -> NequIPPadder:
@@ -137,6 +121,7 @@ def make_padder(model: torch.nn.Module, **overrides: Any) -> NequIPPadder:
         "system_count": "num_atoms", "atom_counts": "num_atoms",
         "atom_fields": ATOM_FIELDS, "edge_fields": EDGE_FIELDS, "system_fields": SYSTEM_FIELDS,
         "atom_outputs": ATOM_OUTPUTS, "system_outputs": SYSTEM_OUTPUTS, "edge_outputs": EDGE_OUTPUTS,
+        "edge_pair_outputs": EDGE_PAIR_OUTPUTS,
     }
     config.update(overrides)
     return NequIPPadder(_cutoff(model), **config)
@@ -439,16 +424,13 @@ def _convolutions(model: torch.nn.Module) -> int:
 
 def make_adapter(name: str, **fields: Any) -> Adapter:
     """An adapter for a nequip-framework model family (nequip, allegro):
-    everything shared, ``fields`` override (name, random_model, requires ...)."""
+    everything shared, ``fields`` override (random_model, load_model ...);
+    ``requires`` and ``install_hint`` come from the registry entry of ``name``."""
     base: dict[str, Any] = {
-        "name": name,
         "make_padder": make_padder,
         "energy_key": "energy",  # of the flat properties (nequip's own: total_energy)
-        "atom_outputs": ATOM_OUTPUTS,
-        "system_outputs": SYSTEM_OUTPUTS,
         "cutoff": _cutoff,
         "build_input": build_input,
-        "install_hint": f"pip install 'ddpad[{name}]'",
         "prepare_model": prepare_model,
         "call": _step,
         "evaluate": evaluate,
@@ -465,12 +447,11 @@ def make_adapter(name: str, **fields: Any) -> Adapter:
         "positions_key": "pos",
     }
     base.update(fields)
-    return Adapter(**base)
+    return builtin_adapter(name, **base)
 
 
 ADAPTER = make_adapter(
     "nequip",
-    requires=("nequip",),
     random_model=random_model,
     load_model=load_model,
 )

@@ -53,8 +53,7 @@ from typing import Any
 
 import torch
 from ddpad import COOPadder, Fill
-from ddpad.adapters import Adapter
-from ddpad.adapters._systems import diamond_carbon
+from ddpad.adapters._common import builtin_adapter, diamond_carbon, voigt_to_full
 from torch import Tensor
 
 __all__ = [
@@ -143,13 +142,13 @@ class OrbPadder(COOPadder):
 
     # -- COOPadder hooks ------------------------------------------------------
 
-    def _count(self, data: Any) -> dict[str, int]:
-        return super()._count(self.flatten(data))
+    def count(self, data: Any) -> dict[str, int]:
+        return super().count(self.flatten(data))
 
-    def _pad_to(self, data: Any, counts: dict[str, int], caps: Any) -> Any:
+    def write_padded(self, data: Any, counts: dict[str, int], caps: Any) -> Any:
         flat = self.flatten(data)
         self.atom_fields, self.edge_fields, self.system_fields = _field_specs(flat)
-        return self.rebuild(data, super()._pad_to(flat, counts, caps))
+        return self.rebuild(data, super().write_padded(flat, counts, caps))
 
 
 def _group_prefix(group: str) -> str:
@@ -336,14 +335,8 @@ def properties(output: dict[str, Tensor]) -> dict[str, Tensor]:
         if "stress" in output:
             flat["direct_stress"] = output["stress"]
     if "stress" in flat:  # orb's Voigt [S, 6] (xx yy zz yz xz xy) -> [S, 3, 3], as mace's
-        flat["stress"] = _voigt_to_full(flat["stress"])
+        flat["stress"] = voigt_to_full(flat["stress"])
     return flat
-
-
-def _voigt_to_full(voigt: Tensor) -> Tensor:
-    v = voigt.reshape(-1, 6)
-    order = torch.tensor([[0, 5, 4], [5, 1, 3], [4, 3, 2]], device=v.device)
-    return v[:, order]
 
 
 def build_input(
@@ -479,16 +472,12 @@ def load_model(path: str, device: str = "cpu", *, architecture: str | None = Non
 default_system = diamond_carbon
 
 
-ADAPTER = Adapter(
-    name="orb",
+ADAPTER = builtin_adapter(
+    "orb",
     make_padder=make_padder,
     energy_key="energy",
-    atom_outputs=ATOM_OUTPUTS,
-    system_outputs=SYSTEM_OUTPUTS,
     cutoff=_cutoff,
     build_input=build_input,
-    install_hint="pip install 'ddpad[orb]'",
-    requires=("orb_models",),
     prepare_model=prepare_model,
     call=_step,
     evaluate=_evaluate,

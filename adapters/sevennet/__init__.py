@@ -47,8 +47,7 @@ from typing import Any
 
 import torch
 from ddpad import COOPadder, Fill
-from ddpad.adapters import Adapter
-from ddpad.adapters._systems import diamond_carbon
+from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon, voigt_to_full
 from torch import Tensor
 
 __all__ = [
@@ -81,30 +80,15 @@ def _type_map(model: torch.nn.Module) -> dict[int, int]:
     return {int(z): int(i) for z, i in type_map.items()}
 
 
-class SevenNetPadder(COOPadder):
-    """:class:`ddpad.COOPadder` whose ``unpad`` also restores the two fields
-    sevenn passes through from its input that are not sliced by rows:
-    ``edge_index [2, E]`` (sliced along edges) and ``ptr [S + 1]``."""
-
-    def unpad(self, output: Any, n_real: int | None = None) -> Any:
-        out = super().unpad(output, n_real)
-        if isinstance(out, dict):
-            index = out.get(self.edge_index)
-            if isinstance(index, Tensor) and self.n_edges is not None and index.dim() == 2:
-                out[self.edge_index] = index[:, : self.n_edges]
-            ptr = out.get(self.ptr) if self.ptr is not None else None
-            if isinstance(ptr, Tensor) and self.n_systems is not None:
-                out[self.ptr] = ptr[: self.n_systems + 1]
-        return out
-
-
-def make_padder(model: torch.nn.Module, **overrides: Any) -> SevenNetPadder:
+def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
     """The SevenNet padder for ``model`` (cutoff ``model.cutoff``); keyword
     arguments override :class:`ddpad.COOPadder`'s.
 
     Dead atoms get the smallest atomic number in the model's ``type_map`` (a
     valid species: 0 breaks sevenn's one-hot); dead edges are self-loops whose
-    ``edge_vec`` is longer than the cutoff.
+    ``edge_vec`` is longer than the cutoff. ``unpad`` also slices the two
+    fields sevenn passes through from its input that are not sliced by
+    rows: the edge index ``[2, E]`` (along edges) and ``ptr [S + 1]``.
     """
     dead_z = min(_type_map(model))
     config: dict[str, Any] = {
@@ -116,7 +100,11 @@ def make_padder(model: torch.nn.Module, **overrides: Any) -> SevenNetPadder:
         "atom_outputs": ATOM_OUTPUTS, "system_outputs": SYSTEM_OUTPUTS, "edge_outputs": EDGE_OUTPUTS,
     }
     config.update(overrides)
-    return SevenNetPadder(_cutoff(model), **config)
+    # the input's own edge index and ptr (COOPadder's defaults unless overridden)
+    ptr = config.get("ptr", "ptr")
+    config.setdefault("edge_pair_outputs", (config.get("edge_index", "edge_index"),))
+    config.setdefault("ptr_outputs", () if ptr is None else (ptr,))
+    return COOPadder(_cutoff(model), **config)
 
 
 def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -148,10 +136,7 @@ def _step(model: Any, data: dict[str, Tensor], *args: Any, **kwargs: Any) -> dic
     detached after, as sevenn's evaluation mode returns them."""
     data[EDGE_VEC].requires_grad_(True)
     out = model(data, *args, **kwargs)
-    for key in DERIVATIVES:
-        if isinstance(out.get(key), Tensor):
-            out[key] = out[key].detach()
-    return out
+    return detach(out, DERIVATIVES)
 
 
 def evaluate(model: torch.nn.Module, data: dict[str, Tensor], *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -207,13 +192,6 @@ def build_input(
     return {k: v.to(target) for k, v in batch.to_dict().items() if isinstance(v, Tensor)}
 
 
-def _voigt_to_full(voigt: Tensor) -> Tensor:
-    """``[..., 6]`` in ASE's Voigt order (xx, yy, zz, yz, xz, xy) -> ``[..., 3, 3]``."""
-    xx, yy, zz, yz, xz, xy = voigt.unbind(-1)
-    rows = (torch.stack((xx, xy, xz), -1), torch.stack((xy, yy, yz), -1), torch.stack((xz, yz, zz), -1))
-    return torch.stack(rows, -2)
-
-
 def properties(output: Mapping[str, Any]) -> dict[str, Any]:
     """Flat ``energy [S]``, ``forces [N, 3]``, ``stress [S, 3, 3]`` (ASE's
     sign and layout: sevenn's ``-inferred_stress`` reordered as its calculator
@@ -223,7 +201,8 @@ def properties(output: Mapping[str, Any]) -> dict[str, Any]:
         flat["forces"] = output[FORCE]
     if output.get(STRESS) is not None:
         stress = output[STRESS]
-        flat["stress"] = _voigt_to_full(-stress[..., [0, 1, 2, 4, 5, 3]])
+        # sevenn's (xx yy zz xy yz zx), sign of -stress, to ASE's Voigt order and sign
+        flat["stress"] = voigt_to_full(-stress[..., [0, 1, 2, 4, 5, 3]])
     if output.get(ATOMIC_ENERGY) is not None:
         flat["energies"] = output[ATOMIC_ENERGY].squeeze(-1)
     return flat
@@ -331,16 +310,12 @@ def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
 default_system = diamond_carbon
 
 
-ADAPTER = Adapter(
-    name="sevennet",
+ADAPTER = builtin_adapter(
+    "sevennet",
     make_padder=make_padder,
     energy_key=ENERGY,
-    atom_outputs=ATOM_OUTPUTS,
-    system_outputs=SYSTEM_OUTPUTS,
     cutoff=_cutoff,
     build_input=build_input,
-    install_hint="pip install 'ddpad[sevennet]'",
-    requires=("sevenn",),
     prepare_model=prepare_model,
     call=_step,
     evaluate=evaluate,

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ddpad import COOPadder, CapPolicy, Fill, current_dd_context
-from ddpad.adapters import Adapter
+from ddpad.adapters._common import builtin_adapter
 
 __all__ = ["ADAPTER", "PaddedUMA", "build_input", "make_padder", "prepare_model"]
 
@@ -225,16 +225,12 @@ def _load_model(path: str, device: str = "cpu") -> torch.nn.Module:
     return unit.model.module
 
 
-ADAPTER = Adapter(
-    name="uma",
+ADAPTER = builtin_adapter(
+    "uma",
     make_padder=make_padder,
     energy_key="energy",
-    atom_outputs=ATOM_OUTPUTS,
-    system_outputs=SYSTEM_OUTPUTS,
     cutoff=_cutoff,
     build_input=build_input,
-    install_hint="pip install 'ddpad[uma]'",
-    requires=("fairchem.core",),
     pad_in_forward=True,
     prepare_model=prepare_model,
     compile_region=_compile_core,

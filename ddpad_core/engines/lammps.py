@@ -41,8 +41,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._capacity import AgreementError, cap_agreement_over
-from .._runtime import Evaluator, Stats, resolve_adapter
+from .._agreement import AgreementError, cap_agreement_over
+from .._evaluator import Evaluator
+from .._stats import Stats
+from .._wrap import resolve_adapter
 
 __all__ = ["Potential", "StepRecord"]
 
@@ -271,7 +273,7 @@ class Potential:
         key = self.adapter.positions_key
         positions = data[key].detach().requires_grad_(True)
         data[key] = positions
-        with cap_agreement_over(self._reduce_max, self.comm.Get_size()):
+        with cap_agreement_over(self._reduce_max, self.comm.Get_size(), self.comm.Get_rank()):
             out = self._runner(data, **self.adapter.energy_only_options)
         atom_energies = out[self.adapter.atom_energy_key]
         owned = atom_energies[:n_local].sum()

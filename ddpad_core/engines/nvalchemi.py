@@ -37,15 +37,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._capacity import (
-    Agreement,
-    CapPolicy,
-    cap_agreement_group,
-    record_resolutions,
-)
+from .._agreement import Agreement, cap_agreement_group
+from .._capacity import CapPolicy, record_resolutions
+from .._compile import counting_backend
 from .._padders import COOPadder
 from .._protocol import GraphPadder
-from .._runtime import Stats, counting_backend
+from .._stats import Stats
 
 __all__ = ["AgreedPadder", "BatchPadder", "gloo_exchange", "spec_with_padder", "use_padder"]
 
@@ -126,8 +123,7 @@ class _Accounting:
             yield
         self._pads += 1
         self.collectives += agreement.collectives if agreement is not None else 0
-        self.stats.caps.update({r.key: r.cap for r in resolved})
-        self.stats.record(self.stats.calls, resolved)
+        self.stats.record_call(self.stats.calls, resolved, {**self.stats.caps, **{r.key: r.cap for r in resolved}})
 
 
 class BatchPadder(_Accounting):

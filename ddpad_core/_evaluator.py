@@ -1,0 +1,79 @@
+"""What engine integrations call: ``atoms -> flat properties`` through the
+padded model, the unpadded compiled model or the plain eager model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._compile import compile_model, run_step
+from ._options import WrapOptions
+from ._padded import PaddedModel
+from ._stats import Stats
+from ._wrap import resolve_adapter, wrap
+
+if TYPE_CHECKING:
+    from ddpad.adapters import Adapter
+
+__all__ = ["Evaluator", "UnpaddedCompiled"]
+
+
+class UnpaddedCompiled:
+    """The adapter's model compiled *without* padding: what ddpad is measured
+    against (``ddpad bench``, ``ddpad.torchsim.Model(pad=False)``). Compile
+    events land in ``stats``; every call advances ``stats.calls``."""
+
+    def __init__(self, model: torch.nn.Module, adapter: Adapter | str, **compile_kwargs: Any) -> None:
+        self.adapter = resolve_adapter(adapter)
+        prepared = self.adapter.prepare_model(model) if self.adapter.prepare_model is not None else model
+        self.stats = Stats()
+        # outside a ddpad context a seam (compile_region) pads nothing
+        self.compiled = compile_model(prepared, self.stats, self.adapter.compile_region, **compile_kwargs)
+
+    def __call__(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(data, Mapping):  # the model may write into its input; inputs
+            # that require grad stay connected (the caller differentiates them)
+            data = {k: (_private_copy(v) if isinstance(v, torch.Tensor) else v) for k, v in data.items()}
+        try:
+            return run_step(self.compiled, self.adapter.call, self.adapter.dynamo_config, data, args, kwargs)
+        finally:
+            self.stats.calls += 1
+
+
+def _private_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.clone() if tensor.requires_grad else tensor.detach().clone()
+
+
+class Evaluator:
+    """``atoms -> flat properties`` for engine integrations (ASE, torch-sim):
+    builds the adapter's native input and runs the padded model (``pad=True``),
+    the unpadded compiled model (``pad=False, compile=True``) or the plain
+    eager model (``pad=False, compile=False``, the reference)."""
+
+    def __init__(self, model: torch.nn.Module, adapter: Adapter | str, *, pad: bool = True,
+                 compile: bool = True, **wrap_kwargs: Any) -> None:
+        self.adapter = resolve_adapter(adapter)
+        self.model = model
+        self.build = self.adapter.input_builder(model)
+        self.wrapped: PaddedModel | None = wrap(model, self.adapter, compile=compile, **wrap_kwargs) if pad else None
+        compile_kwargs = WrapOptions.split(wrap_kwargs)[1]
+        self.unpadded = UnpaddedCompiled(model, self.adapter, **compile_kwargs) if compile and not pad else None
+
+    @property
+    def stats(self) -> Stats | None:
+        """Compile and cap statistics (``None`` for the plain eager model)."""
+        runner = self.wrapped if self.wrapped is not None else self.unpadded
+        return None if runner is None else runner.stats
+
+    def __call__(self, atoms: Any, *, stress: bool = False, **kwargs: Any) -> dict[str, Any]:
+        data = self.build(atoms)
+        options = {**self.adapter.call_options(stress), **kwargs}
+        if self.wrapped is not None:
+            out = self.wrapped(data, **options)
+        elif self.unpadded is not None:
+            out = self.unpadded(data, **options)
+        else:
+            out = self.adapter.reference(self.model, data, **options)
+        return self.adapter.flat(out)

@@ -1,0 +1,29 @@
+"""Atomic file writes: the one way ddpad writes a file others may read at once
+(compile-store entries, caps files)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import tempfile
+
+__all__ = ["atomic_write"]
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes, prefix: str | None = None) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file beside it
+    (``prefix``), fsync, rename; readers and concurrent writers never see a
+    partial file, and a failed write leaves the old one."""
+    path = pathlib.Path(os.path.abspath(os.fspath(path)))
+    fd, tmp = tempfile.mkstemp(prefix=prefix or f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

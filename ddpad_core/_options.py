@@ -1,0 +1,81 @@
+"""One frozen, validated record of a wrapped model's options."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from ._capacity import checked_ceilings
+from ._shrink import ShrinkPolicy
+from ._store import CompileStore
+from ._strict import OnRecompile
+
+__all__ = ["WrapOptions"]
+
+
+@dataclasses.dataclass(frozen=True)
+class WrapOptions:
+    """Every option of a wrapped model, validated once (see :func:`wrap` for
+    what each means). Keywords that are not options are ``torch.compile``
+    arguments (``backend``, ``mode``, ``fullgraph``, ``options``,
+    ``dynamic``): :attr:`compile_kwargs`."""
+
+    compile: bool = True
+    caps: Mapping[str, int] | str | os.PathLike[str] | None = None
+    on_recompile: OnRecompile = "warn"
+    shrink: ShrinkPolicy | None = None
+    max_caps: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    memory_budget: int | None = None
+    on_overflow: Literal["raise", "eager"] = "raise"
+    compile_cache: str | os.PathLike[str] | CompileStore | None = None
+    background_compile: float | None = None
+    background_workers: int = 1
+    warm_ladder: int = 0
+    compile_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def split(cls, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``wrap``'s keywords as (options, ``torch.compile`` keywords)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"compile_kwargs"}
+        return ({k: v for k, v in kwargs.items() if k in names},
+                {k: v for k, v in kwargs.items() if k not in names})
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> WrapOptions:
+        """Options from ``wrap``'s keywords; the others are ``torch.compile``'s."""
+        options, compile_kwargs = cls.split(kwargs)
+        return cls(**options, compile_kwargs=compile_kwargs)
+
+    def __post_init__(self) -> None:
+        if self.on_recompile not in ("warn", "raise", "ignore"):
+            raise ValueError(f"on_recompile must be 'warn', 'raise' or 'ignore', got {self.on_recompile!r}")
+        if self.on_overflow not in ("raise", "eager"):
+            raise ValueError(f"on_overflow must be 'raise' or 'eager', got {self.on_overflow!r}")
+        budget = self.memory_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"memory_budget must be a positive number of bytes, got {budget!r}")
+        rungs = self.warm_ladder
+        if isinstance(rungs, bool) or not isinstance(rungs, int) or rungs < 0:
+            raise ValueError(f"warm_ladder must be a number of rungs >= 0, got {rungs!r}")
+        object.__setattr__(self, "max_caps", checked_ceilings(self.max_caps or None))
+        compile_kwargs = dict(self.compile_kwargs)
+        if not self.compile:
+            given = sorted([*compile_kwargs, *(["compile_cache"] if self.compile_cache is not None else []),
+                            *(["background_compile"] if self.background_compile is not None else []),
+                            *(["warm_ladder"] if rungs else [])])
+            if given:
+                raise TypeError(f"compile=False takes no compile arguments, got {given}")
+        else:
+            compile_kwargs.setdefault("dynamic", False)
+        object.__setattr__(self, "compile_kwargs", compile_kwargs)
+        threshold = self.background_compile
+        if threshold is not None:
+            if self.compile_cache is None:
+                raise ValueError("ddpad: background_compile needs compile_cache= and an adapter (its workers "
+                                 "compile into the store and rebuild the padder from the adapter)")
+            if not 0.0 < float(threshold) <= 1.0:
+                raise ValueError(f"ddpad: background_compile is a fill threshold in (0, 1], got {threshold!r}")
+            if self.background_workers < 1:
+                raise ValueError(f"ddpad: background_workers must be >= 1, got {self.background_workers!r}")

@@ -1,0 +1,399 @@
+"""The fixed-shape forward: pad, run the compiled model, unpad, restore.
+
+The framework side of SPEC section 4: :class:`PaddedModel` owns *when*
+padding happens, and nothing else: the caps it resolves are committed only
+when a call succeeds (a call that raises rolls them back). Compiling
+(:mod:`._compile`), the store (:mod:`._store`), ready rungs (:mod:`._ladder`,
+:mod:`._warm`, :mod:`._background`), shrinking, memory ceilings, strict
+mode and statistics live in their own modules.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import os
+import pathlib
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._agreement import AgreementError, current_agreement
+from ._background import Background
+from ._caps_file import load_caps, save_caps
+from ._capacity import CapacityError, CapResolution, _Scope, resolutions
+from ._compile import compile_model, run_step
+from ._context import DistributedContext, activate_dd_context, current_dd_context
+from ._ladder import Ladder
+from ._memory import derive_ceilings, measure_peak, reset_peak
+from ._options import WrapOptions
+from ._protocol import GraphPadder
+from ._shrink import Shrinker
+from ._stats import Stats
+from ._store import CompileStore, StoreBinding, bind_store
+from ._strict import RecompileError, call_form, guard_failure_counts, unexplained
+from ._warm import warm, warm_rungs
+
+if TYPE_CHECKING:
+    from ddpad.adapters import Adapter
+
+__all__ = ["PaddedModel"]
+
+log = logging.getLogger("ddpad")
+
+
+def _restore(padder: Any) -> None:
+    """Undo what the padder's last ``pad`` changed in the caller's input (a
+    padder that changes nothing has no ``restore``)."""
+    restore = getattr(padder, "restore", None)
+    if callable(restore):
+        restore()
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and ("out of memory" in str(exc) or "can't allocate memory" in str(exc))
+    )
+
+
+class _Turns:
+    """One call at a time: a thread waits for another's call to end; a call
+    from inside a call (the same thread) raises. A plain object, not module
+    attributes: ``nn.Module.__setattr__`` costs microseconds a call."""
+
+    __slots__ = ("holder", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.holder: int | None = None  # the thread in a call
+
+    def take(self) -> None:
+        me = threading.get_ident()
+        if not self.lock.acquire(blocking=False):
+            if self.holder == me:
+                raise RuntimeError("ddpad: a PaddedModel was called from inside its own call (re-entry); "
+                                   "call the inner model, or wrap it separately")
+            self.lock.acquire()  # another thread's call: take turns
+        self.holder = me
+
+    def give(self) -> None:
+        self.holder = None
+        self.lock.release()
+
+
+class PaddedModel(torch.nn.Module):
+    """A model that always runs at fixed, grow-only padded shapes.
+
+    Takes the model's native input and returns its native output for the
+    real atoms and systems only. Each call resolves all caps (one collective
+    under an agreement group), pads, runs the (compiled) model, unpads and,
+    in a ``finally``, restores what padding changed. Caps resolved by a call
+    are committed only when it succeeds: a call that raises (out of memory,
+    a model error) leaves the caps as they were. Calls are serialised: a
+    second thread waits for the first (the padder's buffers are the one
+    input of the compiled graph), and a call from inside a call raises.
+
+    Users build it with :func:`~ddpad.wrap` (or ``adapter.wrap(model)``);
+    this constructor takes the padder and the adapter's hooks directly, and
+    the options of :func:`~ddpad.wrap` as keywords.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        padder: GraphPadder,
+        *,
+        adapter: Adapter | None = None,
+        pad_in_forward: bool = False,
+        call: Callable[..., Any] | None = None,
+        dynamo_config: Mapping[str, Any] | None = None,
+        compile_region: Callable[[torch.nn.Module, Callable[[Any], Any]], Any] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        opts = WrapOptions.from_kwargs(**options)
+        if not isinstance(padder, GraphPadder):
+            raise TypeError(f"padder {padder!r} does not implement GraphPadder (pad / unpad)")
+        self.options = opts
+        self.model = model
+        self.padder = padder
+        self.adapter = adapter
+        self.pad_in_forward = pad_in_forward
+        self.call = call  # the adapter's step: (compiled, input, ...) -> output, or None
+        self.dynamo_config = dict(dynamo_config or {})
+        self.on_recompile = opts.on_recompile
+        self.max_caps: dict[str, int] = dict(opts.max_caps)  # lowered by a memory budget
+        name = adapter.name if adapter is not None else None
+        self.cap_state: dict[str, int] = (
+            load_caps(opts.caps, adapter=name, ceilings=self.max_caps) if opts.caps is not None else {}
+        )
+        self._loaded_keys = set(self.cap_state)
+        self.ladder = Ladder()
+        self.stats = Stats(caps=dict(self.cap_state), ladder=self.ladder)
+        self.shrinker = Shrinker(opts.shrink) if opts.shrink is not None else None
+        self._forms: set[tuple[Any, ...]] = set()  # (call form, caps) that ran
+        self.last_resolutions: list[CapResolution] = []  # of the last call that sized or grew a cap
+        self._turns = _Turns()
+        self.compiled: Callable[..., Any] = model
+        self.store_binding: StoreBinding | None = None
+        self.background: Background | None = None
+        if opts.compile:
+            compile_kwargs = dict(opts.compile_kwargs)
+            if opts.compile_cache is not None:  # None for a backend with nothing to store (said once)
+                self.store_binding = bind_store(model, opts.compile_cache, adapter, self.dynamo_config,
+                                                **compile_kwargs)
+            if self.store_binding is not None:
+                weakref.finalize(self, self.store_binding.flush)  # a backward compiled after the last call
+            if opts.background_compile is not None:
+                if adapter is None:
+                    raise ValueError("ddpad: background_compile needs compile_cache= and an adapter (its workers "
+                                     "compile into the store and rebuild the padder from the adapter)")
+                root = opts.compile_cache.root if isinstance(opts.compile_cache, CompileStore) else opts.compile_cache
+                self.background = Background(self, self.ladder, pathlib.Path(root).expanduser(),
+                                             float(opts.background_compile), opts.background_workers, compile_kwargs)
+            self.compiled = compile_model(model, self.stats, compile_region, self.store_binding, **compile_kwargs)
+
+    @property
+    def rungs(self) -> list[dict[str, int]]:
+        """Caps whose graphs are ready (warmed) or compiling (a background worker)."""
+        return self.ladder.ready
+
+    # -- the call -------------------------------------------------------------
+
+    def forward(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        turns = self._turns
+        turns.take()
+        try:
+            return self._forward(data, args, kwargs)
+        finally:
+            turns.give()
+
+    def _forward(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        stats, options = self.stats, self.options
+        index, graphs_before, recompiles_before = stats.calls, stats.graphs, stats.recompiles
+        allocations_before = getattr(self.padder, "allocations", None)
+        failures_before = guard_failure_counts() if self.on_recompile != "ignore" else {}
+        agreement = current_agreement()
+        exchanges_before = agreement.step if agreement is not None else 0
+        trial = dict(self.cap_state)  # committed only if the call succeeds
+        measure = options.memory_budget is not None and index == 0
+        pad_seconds, started = 0.0, time.perf_counter()
+        with _Scope(self.max_caps, self.ladder.ready) as rows:  # the call's resolutions (plain tuples)
+            try:
+                if measure:
+                    reset_peak(data)
+                if self.pad_in_forward:  # the model pads at its own seam
+                    if index == 0 and options.compile:
+                        log.info("compiling the model on its first call (caps sized at its padding seam)")
+                    with activate_dd_context(self._context(trial)):
+                        out = self._run(data, args, kwargs)
+                else:
+                    t0 = time.perf_counter()
+                    padded = self.padder.pad(data, trial)
+                    pad_seconds += time.perf_counter() - t0
+                    if options.compile and (index == 0 or trial != self.cap_state):
+                        log.info("compiling at caps %s (%s)", trial, "first call" if index == 0 else "caps grew")
+                    out = self._run(padded, args, kwargs)
+                t0 = time.perf_counter()
+                out = self.padder.unpad(out)
+                pad_seconds += time.perf_counter() - t0
+            except CapacityError as exc:  # a ceiling: every rank sees the same agreed need
+                if options.on_overflow != "eager" or trial != self.cap_state:
+                    raise
+                log.warning("%s; running this step unpadded and eager", exc)
+                out = self._eager(data, args, kwargs)
+                stats.record_eager_step()
+                return out
+            except Exception as exc:
+                self._report_failure(agreement, exchanges_before, exc)
+                self._fail(index, resolutions(rows), exc)
+            finally:
+                _restore(self.padder)
+        self.cap_state.update(trial)  # the call succeeded: commit its caps
+        if measure:
+            self._derive_ceilings(data)
+        if index == 0 and options.warm_ladder:
+            self._warm(data, args, kwargs, resolutions(rows))
+        stats.record_pads(pad_seconds, getattr(self.padder, "allocations", None), allocations_before)
+        # the form that ran (before a shrink changes the caps)
+        form = (call_form(args, kwargs), tuple(self.cap_state.items()))  # (keys keep their order)
+        new_form = form not in self._forms
+        self._forms.add(form)
+        if index == 0 or self.shrinker is not None or self.background is not None or any(r[3] != r[4] for r in rows):
+            self._sized(index, resolutions(rows), data, args, kwargs)
+        else:  # nothing sized or grew (nearly every call): only the fills changed
+            stats.record_fills(rows)
+        if stats.graphs > graphs_before:
+            log.info("compiled %d graph(s) at caps %s in %.1f s", stats.graphs - graphs_before, self.cap_state,
+                     time.perf_counter() - started)
+        # a compile is explained by caps or a call form (keywords) not run before
+        if stats.recompiles > recompiles_before and not new_form:
+            self._unexplained(index, stats.graphs - graphs_before, failures_before)
+        return out
+
+    def _sized(self, index: int, resolved: list[CapResolution], data: Any, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> None:
+        """After a call that sized, grew (or may shrink) a cap: record it, let
+        background compiles and the ladder see it, shrink."""
+        self.stats.record_call(index, resolved, self.cap_state)
+        self.last_resolutions = resolved  # what sized the caps (policies included)
+        if self.background is not None:
+            self.background.after_call(self, data, args, kwargs, resolved)
+        if index and any(r.grew for r in resolved):
+            self.ladder.count_use(self.cap_state)
+        if index == 0:
+            self._check_loaded_keys(resolved)
+        if self.shrinker is not None:
+            shrinks = self.shrinker.observe(index, resolved, self.cap_state)
+            if shrinks:
+                self.stats.shrinks.extend(shrinks)
+                self.stats.caps = dict(self.cap_state)
+
+    def _run(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.store_binding is None:
+            return run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
+        try:
+            return run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
+        finally:
+            self.store_binding.flush()  # what compiled lazily in this call (a backward) joins its entry
+
+    def close(self) -> None:
+        """Stop this model's background compiles (a worker stopped mid-compile
+        leaves no entry, only its lock file) and save what compiled lazily."""
+        if self.background is not None:
+            self.background.close()
+        if self.store_binding is not None:
+            self.store_binding.flush()
+
+    def __enter__(self) -> PaddedModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _warm(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any], resolved: list[CapResolution]) -> None:
+        """Compile (or load from the store) the next ``warm_ladder`` rungs on
+        this first call's input (:mod:`._warm`), on a copy of the padder: the
+        run's buffers stay."""
+        if current_agreement() is not None or (self.pad_in_forward and current_dd_context().graph_padder is not None):
+            log.warning("ddpad: warm_ladder is off under an agreement group or a framework's padding context "
+                        "(a rank's warm calls may hold collectives its peers do not make); growths compile "
+                        "when they come")
+            return
+        padder = copy.deepcopy(self.padder)
+        form = call_form(args, kwargs)
+
+        def step(caps: Mapping[str, int]) -> None:
+            state = dict(caps)
+            try:
+                if self.pad_in_forward:
+                    with activate_dd_context(self._context(state, padder)):
+                        self._run(data, args, kwargs)
+                else:
+                    self._run(padder.pad(data, state), args, kwargs)
+            finally:
+                _restore(padder)
+
+        t0 = time.perf_counter()
+        rungs = warm_rungs(self.cap_state, resolved, self.options.warm_ladder, self.max_caps)
+        for caps in warm(rungs, self.cap_state, step, self.ladder):
+            self._forms.add((form, tuple(caps.items())))
+        self.stats.warm_seconds += time.perf_counter() - t0
+
+    def _eager(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The unpadded, uncompiled model (``on_overflow="eager"``)."""
+        if self.adapter is not None:
+            return self.adapter.reference(self.model, data, *args, **kwargs)
+        return self.model(data, *args, **kwargs)
+
+    def _report_failure(self, agreement: Any, exchanges_before: int, exc: BaseException) -> None:
+        """Let the peers of an agreement group learn of this rank's failure on
+        this step (before the exchange) or the next one (after it)."""
+        if agreement is None or isinstance(exc, AgreementError):
+            return
+        reason = f"{type(exc).__name__}: {exc}"
+        if agreement.step == exchanges_before:
+            agreement.fail(reason)
+        else:
+            agreement.failed_after(reason)
+
+    def _fail(self, index: int, resolved: list[CapResolution], exc: Exception) -> None:
+        """Record the failed call's growths and re-raise; out of memory after
+        a growth becomes a :class:`CapacityError` naming the caps."""
+        self.stats.record_failure(index, resolved)
+        grown = [r for r in resolved if r.grew]
+        described = ", ".join(
+            f"{r.key!r} {r.old_cap if r.old_cap is not None else 'new'} -> {r.cap} for real {r.real}" for r in grown
+        )
+        if grown and _is_out_of_memory(exc):
+            raise CapacityError(
+                f"ddpad: call {index} ran out of memory after sizing caps ({described}); the caps are "
+                f"rolled back to {self.cap_state}. Set max_caps / memory_budget to bound them, or "
+                f"on_overflow='eager'. ({type(exc).__name__}: {exc})"
+            ) from exc
+        if described:
+            exc.add_note(f"ddpad: the failed call sized caps ({described}); rolled back to {self.cap_state}")
+        raise exc
+
+    def _context(self, cap_state: dict[str, int], padder: GraphPadder | None = None) -> DistributedContext:
+        """The context the model's seam pads through: the active one's mesh and
+        metadata (a framework's), with this wrapper's padder (or ``padder``)
+        and caps."""
+        outer = current_dd_context()
+        if outer.graph_padder is not None:
+            return outer  # a framework already drives padding
+        inherited = {f.name: getattr(outer, f.name) for f in dataclasses.fields(DistributedContext)}
+        return DistributedContext(**{**inherited, "cap_state": cap_state, "graph_padder": padder or self.padder})
+
+    def _check_loaded_keys(self, resolved: list[CapResolution]) -> None:
+        unknown = self._loaded_keys - {r.key for r in resolved}
+        if unknown:
+            warnings.warn(
+                f"ddpad: preset caps {sorted(unknown)} are not used by this model's padder "
+                f"(it resolves {sorted(r.key for r in resolved)})",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+
+    def _derive_ceilings(self, data: Any) -> None:
+        budget = self.options.memory_budget
+        assert budget is not None
+        peak = measure_peak(data)
+        derived = derive_ceilings(self.cap_state, peak, budget)
+        self.max_caps = {k: min(v, self.max_caps.get(k, v)) for k, v in derived.items()}
+        log.info("memory budget %d B, peak %d B at caps %s: ceilings %s", budget, peak, self.cap_state, self.max_caps)
+
+    def _unexplained(self, index: int, graphs: int, failures_before: Mapping[Any, int]) -> None:
+        message = unexplained(index, graphs, failures_before)
+        self.stats.unexplained.append(message)
+        if self.on_recompile == "raise":
+            raise RecompileError(message)
+        if self.on_recompile == "warn":
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+    # -- caps -------------------------------------------------------------------
+
+    @property
+    def caps(self) -> dict[str, int]:
+        """The current caps (a copy)."""
+        return dict(self.cap_state)
+
+    def save_caps(self, path: str | os.PathLike[str]) -> None:
+        """Write the current caps to JSON for a warm restart (``caps=path``),
+        atomically, with the adapter's name (checked when loaded)."""
+        meta = {"adapter": self.adapter.name} if self.adapter is not None else {}
+        save_caps(self.cap_state, path, **meta)
+
+    def load_caps(self, source: Mapping[str, int] | str | os.PathLike[str]) -> None:
+        """Preset caps (they still grow if a real count overflows them)."""
+        name = self.adapter.name if self.adapter is not None else None
+        loaded = load_caps(source, adapter=name, ceilings=self.max_caps)
+        self.cap_state.update(loaded)
+        self._loaded_keys |= set(loaded)
+        self.stats.caps = dict(self.cap_state)

@@ -1,0 +1,251 @@
+"""What a wrapped model measured: :class:`Stats`, written through its own methods.
+
+Writers: the call path (:meth:`Stats.record_call`, :meth:`Stats.record_fills`,
+failed and eager steps, shrinks), the counting backend (compile events,
+:mod:`._compile`) and engines that pad for a framework (nvalchemi's padders
+call :meth:`Stats.record_call` too). Counts about ready rungs and background
+compiles are the :class:`~._ladder.Ladder`'s, read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._capacity import CapResolution
+from ._ladder import Ladder
+
+__all__ = ["CapEvent", "Stats"]
+
+
+@dataclass(frozen=True)
+class CapEvent:
+    """A cap that changed on call ``call`` (0-based) from ``old`` to ``new``
+    for ``real`` local rows (``need`` agreed rows, dead slots included)."""
+
+    call: int
+    key: str
+    old: int
+    new: int
+    real: int
+    need: int
+
+
+@dataclass
+class Stats:
+    """What a :class:`PaddedModel` measured.
+
+    Attributes
+    ----------
+    calls
+        Forward calls so far.
+    graphs
+        Graphs Dynamo compiled (one backend call each; graph breaks compile
+        several per call).
+    graphs_per_frame
+        ``{frame_id: graphs}``: compiles of each compiled Python frame.
+    recompiles
+        Compiles of a frame this model had compiled before.
+    graphs_by_call
+        ``{call: graphs}`` for every call that compiled something.
+    growths, shrinks
+        Cap changes (:class:`CapEvent`, one per key that changed), first
+        sizing excluded. One growth step may grow several keys:
+        :attr:`growth_calls` counts the steps.
+    caps
+        The caps as of the last call that sized, grew or shrank one (a copy).
+    fill
+        ``real / cap`` per key on the last call.
+    pad_seconds, last_pad_seconds
+        Time spent padding and unpadding, total and on the last call.
+    pad_allocations, last_pad_allocations
+        Cap-sized buffers the padder allocated, total and on the last call
+        (zero in steady state; only a growth reallocates). ``None`` for a
+        padder that does not report them.
+    unexplained
+        Guard-failure reasons of recompiles that no cap change explained.
+    failed_growths
+        Cap growths of calls that raised (rolled back, not in ``growths``).
+    eager_steps
+        Calls run unpadded and eager because a need exceeded its ceiling
+        (``on_overflow="eager"``).
+    graphs_compiled, graphs_loaded
+        Of ``graphs``: those the backend compiled, and those it loaded from
+        torch's caches (a compile-store entry, or torch's own on-disk cache).
+    graphs_uncached
+        Of ``graphs_compiled``: those torch compiled past its caches (a
+        graph that only returns its inputs: AOTAutograd bypasses its cache,
+        or misses and saves nothing, and Inductor has nothing to compile):
+        nothing a store keeps, so every process compiles them again, in
+        milliseconds.
+    compile_seconds, load_seconds
+        Backend time of the compiled graphs, and of the loaded graphs plus
+        reading compile-store entries (Dynamo's tracing is in neither).
+    store_hits, store_misses
+        Graphs whose compile-store entry was there (and loaded) / was not.
+    background_started, background_used, background_wasted
+        Background compiles of the next bucket: started, whose caps a later
+        growth reached, and finished or stopped without being reached.
+    rungs_warmed, rungs_used, warm_seconds
+        Ladder rungs compiled or loaded by the first call (``warm_ladder``),
+        the growths that took a ready rung (warmed, or a background
+        worker's caps), and the seconds warming took (part of the first call).
+    """
+
+    calls: int = 0
+    graphs: int = 0
+    graphs_per_frame: dict[int, int] = field(default_factory=dict)
+    recompiles: int = 0
+    graphs_by_call: dict[int, int] = field(default_factory=dict)
+    growths: list[CapEvent] = field(default_factory=list)
+    shrinks: list[CapEvent] = field(default_factory=list)
+    caps: dict[str, int] = field(default_factory=dict)
+    fill: dict[str, float] = field(default_factory=dict)
+    pad_seconds: float = 0.0
+    last_pad_seconds: float = 0.0
+    pad_allocations: int | None = None
+    last_pad_allocations: int | None = None
+    unexplained: list[str] = field(default_factory=list)
+    failed_growths: list[CapEvent] = field(default_factory=list)
+    eager_steps: int = 0
+    graphs_compiled: int = 0
+    graphs_loaded: int = 0
+    graphs_uncached: int = 0
+    compile_seconds: float = 0.0
+    load_seconds: float = 0.0
+    store_hits: int = 0
+    store_misses: int = 0
+    warm_seconds: float = 0.0
+    ladder: Ladder = field(default_factory=Ladder, repr=False, compare=False)
+
+    def record(self, call: int, resolved: list[CapResolution]) -> bool:
+        """Record the fills and growths of call ``call``'s cap resolutions;
+        True when a known cap changed (first sizing is not a growth)."""
+        changed = False
+        for r in resolved:
+            self.fill[r.key] = r.real / r.cap if r.cap else 0.0
+            if r.old_cap is not None and r.cap != r.old_cap:
+                changed = True
+                self.growths.append(CapEvent(call, r.key, r.old_cap, r.cap, r.real, r.need))
+        return changed
+
+    def record_call(self, call: int, resolved: list[CapResolution], caps: dict[str, int]) -> bool:
+        """:meth:`record`, and the caps as they now are (a copy)."""
+        changed = self.record(call, resolved)
+        self.caps = dict(caps)
+        return changed
+
+    def record_fills(self, rows: Iterable[tuple[Any, ...]]) -> None:
+        """The fills of a call that sized nothing (rows of a call's scope:
+        ``(key, real, need, old, cap, policy)``)."""
+        fill = self.fill
+        for key, real, _, _, cap, _ in rows:
+            fill[key] = real / cap if cap else 0.0
+
+    def record_pads(self, seconds: float, allocations: int | None, before: int | None) -> None:
+        """One finished call: its pad / unpad time and the padder's buffer allocations."""
+        self.calls += 1
+        self.pad_seconds += seconds
+        self.last_pad_seconds = seconds
+        if allocations is not None and before is not None:
+            self.pad_allocations = allocations
+            self.last_pad_allocations = allocations - before
+
+    def record_eager_step(self) -> None:
+        """A finished call run unpadded and eager (``on_overflow="eager"``)."""
+        self.eager_steps += 1
+        self.calls += 1
+
+    def record_failure(self, call: int, resolved: list[CapResolution]) -> None:
+        """The growths of a call that raised (rolled back)."""
+        for r in resolved:
+            if r.grew and r.old_cap is not None:
+                self.failed_growths.append(CapEvent(call, r.key, r.old_cap, r.cap, r.real, r.need))
+
+    # -- compile events (the counting backend) -------------------------------
+
+    def record_graph(self, frame: int) -> None:
+        """A graph Dynamo compiled for ``frame`` during the call in progress."""
+        if frame in self.graphs_per_frame:  # a frame this model compiled before
+            self.recompiles += 1
+        self.graphs += 1
+        self.graphs_per_frame[frame] = self.graphs_per_frame.get(frame, 0) + 1
+        self.graphs_by_call[self.calls] = self.graphs_by_call.get(self.calls, 0) + 1
+
+    def record_backend(self, seconds: float, *, loaded: bool, uncached: bool = False) -> None:
+        """The backend's time for one graph: loaded from torch's caches, or compiled."""
+        if loaded:
+            self.graphs_loaded += 1
+            self.load_seconds += seconds
+        else:
+            self.graphs_compiled += 1
+            self.compile_seconds += seconds
+            self.graphs_uncached += uncached
+
+    # -- rungs and background compiles (the ladder's counts) ------------------
+
+    @property
+    def rungs_warmed(self) -> int:
+        """Ladder rungs the first call compiled or loaded (``warm_ladder``)."""
+        return self.ladder.count("warm")
+
+    @property
+    def rungs_used(self) -> int:
+        """Growths that took a ready rung (warmed, or a background worker's caps)."""
+        return self.ladder.uses
+
+    @property
+    def background_started(self) -> int:
+        """Background compiles started."""
+        return self.ladder.count("background")
+
+    @property
+    def background_used(self) -> int:
+        """Background compiles whose caps a later growth reached."""
+        return self.ladder.count("background", used=True)
+
+    @property
+    def background_wasted(self) -> int:
+        """Background compiles finished or stopped without being reached (counted at close)."""
+        return self.ladder.background_wasted
+
+    @property
+    def growth_calls(self) -> int:
+        """Calls on which at least one cap grew (each costs one recompile)."""
+        return len({event.call for event in self.growths})
+
+    @property
+    def max_graphs_per_frame(self) -> int:
+        """Compiles of the most compiled frame: ``1 + growth_calls`` when
+        padding holds (graph breaks add frames, not compiles per frame)."""
+        return max(self.graphs_per_frame.values(), default=0)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary."""
+        return {
+            "calls": self.calls,
+            "graphs": self.graphs,
+            "graphs_per_frame": dict(self.graphs_per_frame),
+            "recompiles": self.recompiles,
+            "graphs_by_call": dict(self.graphs_by_call),
+            "growths": [vars(e) for e in self.growths],
+            "shrinks": [vars(e) for e in self.shrinks],
+            "caps": dict(self.caps),
+            "fill": dict(self.fill),
+            "pad_seconds": self.pad_seconds,
+            "pad_allocations": self.pad_allocations,
+            "unexplained": list(self.unexplained),
+            "failed_growths": [vars(e) for e in self.failed_growths],
+            "eager_steps": self.eager_steps,
+            **{name: getattr(self, name) for name in _COMPILE_FIELDS},
+        }
+
+
+_COMPILE_FIELDS = (
+    "graphs_compiled", "graphs_loaded", "compile_seconds", "load_seconds", "store_hits", "store_misses",
+    "background_started", "background_used", "background_wasted", "graphs_uncached",
+    "rungs_warmed", "rungs_used", "warm_seconds",
+)
+
+

@@ -1,0 +1,113 @@
+"""Building a wrapped model: the three constructors, and which one to call.
+
+:func:`wrap` is what users call (``adapter.wrap(model)`` is the same);
+:func:`padded_model` is :func:`wrap` for a model the adapter has already
+prepared (what a background worker rebuilds); :class:`~ddpad.PaddedModel`
+takes the padder and the adapter's hooks directly (tests, frameworks with
+their own padder). All three read their options through one record,
+:class:`~._options.WrapOptions`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._noise import quiet
+from ._padded import PaddedModel
+from ._protocol import GraphPadder
+
+if TYPE_CHECKING:
+    from ddpad.adapters import Adapter
+
+__all__ = ["padded_model", "resolve_adapter", "wrap"]
+
+
+def resolve_adapter(adapter: Adapter | str) -> Adapter:
+    """An :class:`~ddpad.adapters.Adapter`, looked up by name if need be."""
+    if isinstance(adapter, str):
+        from ddpad import adapters
+
+        return adapters.get(adapter)
+    return adapter
+
+
+def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder | None = None,
+         **options: Any) -> PaddedModel:
+    """Wrap ``model`` so it always runs at fixed padded shapes.
+
+    Parameters
+    ----------
+    model
+        The model, called with its native input.
+    adapter
+        An :class:`~ddpad.adapters.Adapter` or a registered name (``"mace"``).
+    padder
+        Override the adapter's padder.
+    compile
+        Compile the model with ``torch.compile`` (default True; ``dynamic=False``
+        unless given); ``backend``, ``mode``, ``fullgraph``, ``options`` pass through.
+    caps
+        Preset caps: a dict or a JSON file from :meth:`PaddedModel.save_caps`.
+    on_recompile
+        What to do when a graph compiles that no cap change explains:
+        ``"warn"`` (default), ``"raise"`` (:class:`RecompileError`), ``"ignore"``.
+    shrink
+        A :class:`ShrinkPolicy` to let caps shrink after long low fill; off by default.
+    max_caps
+        Per-key ceilings (``{"edges": 200_000}``): a growth stops there, and a
+        need beyond raises :class:`CapacityError` (or see ``on_overflow``).
+    memory_budget
+        Bytes a step may use (CUDA): ceilings are derived from the first
+        step's measured peak, assuming memory linear in every cap.
+    on_overflow
+        ``"raise"`` (default) or ``"eager"``: run a step whose need exceeds a
+        ceiling unpadded and eager, and carry on.
+    compile_cache
+        A directory (or :class:`CompileStore`) keeping what compiling
+        produced, keyed by the model's architecture, caps, backend and
+        versions: a later process (a restart, the next job, another rank)
+        loads instead of compiling, and processes compiling the same graph
+        at once compile it once (the others wait and load).
+    background_compile
+        A fill threshold (e.g. ``0.9``; needs ``compile_cache``): when a cap's
+        fill passes it, a worker process compiles the next rung into the
+        store, so the growth only loads. Stop workers with
+        :meth:`PaddedModel.close` or a ``with`` block (also done at exit).
+    background_workers
+        At most this many background compiles at once (default 1).
+    warm_ladder
+        The first call also compiles (or, from ``compile_cache``, loads) the
+        next ``warm_ladder`` rungs of caps, each one growth up in every count
+        but the number of systems; a later growth takes the smallest rung
+        that fits and runs a ready graph: no stall in the run, a longer first
+        call, and caps up to one rung larger than a growth alone would pick.
+        Off under an agreement group.
+    **compile_kwargs
+        Other keywords go to ``torch.compile``.
+
+    Calls on one wrapped model are serialised: two threads calling it at
+    once take turns (a padder's buffers are the model's one input).
+    """
+    adapter = resolve_adapter(adapter)
+    if adapter.prepare_model is not None:
+        with quiet():  # the model package's known warnings, raised because ddpad prepares the model
+            model = adapter.prepare_model(model)
+    return padded_model(model, adapter, padder=padder, **options)
+
+
+def padded_model(model: torch.nn.Module, adapter: Adapter, *, padder: GraphPadder | None = None,
+                 **options: Any) -> PaddedModel:
+    """:func:`wrap` for a model ``adapter.prepare_model`` has already prepared
+    (what a background worker rebuilds)."""
+    return PaddedModel(
+        model,
+        padder if padder is not None else adapter.make_padder(model),
+        adapter=adapter,
+        pad_in_forward=adapter.pad_in_forward,
+        call=adapter.call,
+        dynamo_config=adapter.dynamo_config,
+        compile_region=adapter.compile_region,
+        **options,
+    )

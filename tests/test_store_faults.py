@@ -1,0 +1,224 @@
+"""Compile-store faults: a store that cannot be written, a lock holder that
+stopped, an entry torch rejects, a backend with nothing to store, and what
+is left behind. Each is a warning and a run that goes on, never a lost step
+or a wait until ``wait_timeout``."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import ddpad
+from ddpad import CompileStore
+
+toy = pytest.importorskip("ddpad_toy_plugin")
+
+
+def _model() -> torch.nn.Module:
+    return toy.Morse(3.0).to(torch.float64)
+
+
+def _data(model: torch.nn.Module, n: int = 27) -> dict[str, torch.Tensor]:
+    from ase import Atoms
+
+    g = torch.stack(torch.meshgrid(*[torch.arange(4.0)] * 3, indexing="ij"), -1).reshape(-1, 3)[:n]
+    return toy.ADAPTER.build_input(model, Atoms(f"Ar{n}", positions=(g * 1.3).numpy()))
+
+
+@pytest.fixture
+def read_only(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> pathlib.Path:
+    """A store under which every new file or folder fails with EROFS (as a
+    read-only mount does; chmod does not stop root, which CI runs as)."""
+    root = tmp_path / "store"
+    root.mkdir()
+    real_open, real_mkdir, real_mkstemp = os.open, pathlib.Path.mkdir, __import__("tempfile").mkstemp
+
+    def refuse(path: object) -> None:
+        if str(os.fspath(path)).startswith(str(root)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    def fake_open(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if flags & os.O_CREAT:
+            refuse(path)
+        return real_open(path, flags, *args, **kwargs)
+
+    def fake_mkdir(self: pathlib.Path, *args: object, **kwargs: object) -> None:
+        if not self.exists():
+            refuse(self)
+        real_mkdir(self, *args, **kwargs)
+
+    def fake_mkstemp(*args: object, dir: object = None, **kwargs: object) -> tuple[int, str]:  # noqa: A002
+        refuse(dir)
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(pathlib.Path, "mkdir", fake_mkdir)
+    monkeypatch.setattr("tempfile.mkstemp", fake_mkstemp)
+    return root
+
+
+def _passthrough_backend(store: CompileStore, stats: ddpad.Stats) -> object:
+    """The counting backend through ``store`` around a compile that returns
+    the graph itself (what matters here is the store's side)."""
+    from ddpad._compile import _CountingBackend
+    from ddpad._store import StoreBinding
+
+    return _CountingBackend(lambda gm, inputs: gm.forward, stats, StoreBinding(store, "model"))
+
+
+def test_a_read_only_store_is_one_warning_and_the_compile_goes_on(
+        read_only: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before: the entry's lock (mkdir, os.open(O_CREAT)) raised OSError
+    through Dynamo (BackendCompilerFailed) and the step was lost."""
+    stats = ddpad.Stats()
+    backend = _passthrough_backend(CompileStore(read_only), stats)
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    with caplog.at_level(logging.WARNING, logger="ddpad"):
+        for _ in range(3):  # three graphs: one warning
+            assert backend(gm, [torch.ones(1, 2)]) is not None  # type: ignore[operator]
+    assert caplog.text.count("cannot be written") == 1
+    assert stats.graphs_compiled == 3
+
+
+def test_a_read_only_store_turns_background_compiles_off_once(
+        read_only: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before: ``Background._start`` created its folder unguarded (the step
+    raised), and a full disk was reported as "cannot be pickled", once per key."""
+    model = _model()
+    wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=read_only, background_compile=0.5)
+    with caplog.at_level(logging.WARNING, logger="ddpad"), wrapped:
+        out = wrapped(_data(model))
+        wrapped(_data(model, 30))
+    assert out["forces"].shape == (27, 3)
+    assert caplog.text.count("background compiles are off") == 1
+    assert "the store cannot be written" in caplog.text and "pickled" not in caplog.text
+    assert wrapped.stats.background_started == 0
+
+
+def test_a_stopped_lock_holder_is_waited_for_only_until_its_heartbeat_stops(
+        tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A holder that stops (SIGSTOP; a hung process on a shared file system)
+    keeps its flock: before, a waiter waited ``wait_timeout`` (1800 s by
+    default). Now the lock names its holder and beats a heartbeat; a waiter
+    whose holder is silent for ``stale_after`` seconds compiles itself."""
+    holder = textwrap.dedent("""
+        import os, signal, sys; from ddpad import CompileStore
+        store = CompileStore(sys.argv[1], heartbeat=0.2)
+        with store.lock(store.entry("m", "g")):
+            print("held", flush=True); os.kill(os.getpid(), signal.SIGSTOP)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", holder, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        store = CompileStore(tmp_path, stale_after=2.0)  # wait_timeout stays 1800 s
+        t0 = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="ddpad"), store.lock(store.entry("m", "g")) as mine:
+            assert mine
+        waited = time.monotonic() - t0
+        assert 1.5 < waited < 15, waited
+        assert f"pid {proc.pid}" in caplog.text and "gave no heartbeat" in caplog.text
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+
+
+def test_a_dead_lock_holder_on_this_host_is_not_waited_for(tmp_path: pathlib.Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A holder whose flock outlives it (a zombie, a lock on a file system
+    that keeps it) is recognised from the pid the lock file records."""
+    store = CompileStore(tmp_path, stale_after=600.0)
+    entry = store.entry("m", "g")
+    with store.lock(entry):
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        lock = entry.with_suffix(".lock")
+        lock.write_text(f'{{"pid": {dead.pid}, "host": "{os.uname().nodename}", "started": 0}}')
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            assert store._holder_gone(fd) == f"the lock holder (pid {dead.pid}) is gone"
+        finally:
+            os.close(fd)
+
+
+def test_an_entry_torch_rejects_is_corrupt_not_a_hit(tmp_path: pathlib.Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A valid header and SHA-256 around a payload that is not torch's
+    artifacts: torch logs "Failed to un-pickle" and returns None; before,
+    ``load`` returned True (a hit) and the entry was never moved aside."""
+    store = CompileStore(tmp_path)
+    entry = store.entry("m", "g")
+    store.write(entry, b"not torch's cache artifacts")
+    assert entry.exists()
+    with caplog.at_level(logging.WARNING):
+        assert store.load(entry) is False
+    assert not entry.exists() and entry.with_suffix(".corrupt").exists()
+    assert "unusable" in caplog.text and "Traceback" not in caplog.text
+
+
+def test_aot_eager_says_once_that_the_store_keeps_nothing(tmp_path: pathlib.Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """Before: two identical aot_eager runs each reported "1 graph(s)
+    compiled ... (0 hits, 1 misses)" and the entry folder held nothing."""
+    model = _model()
+    for _ in range(2):
+        with caplog.at_level(logging.WARNING, logger="ddpad"):
+            wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=tmp_path)
+            wrapped(_data(model))
+        assert (wrapped.stats.store_hits, wrapped.stats.store_misses) == (0, 0)
+        assert wrapped.stats.graphs_compiled >= 1
+    assert caplog.text.count("not used with backend 'aot_eager'") == 2  # once per run
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_written_entry_leaves_no_lock_file(tmp_path: pathlib.Path) -> None:
+    """Before: an empty ``*.lock`` per graph stayed in the entry folder."""
+    store = CompileStore(tmp_path)
+    entry = store.entry("m", "g")
+    with store.lock(entry) as mine:
+        assert mine and entry.with_suffix(".lock").exists()
+        store.write(entry, b"payload")
+    assert entry.exists() and not entry.with_suffix(".lock").exists()
+    failed = store.entry("m", "h")
+    with store.lock(failed):
+        pass  # nothing written (a compile that failed): the lock stays, naming its holder
+    assert failed.with_suffix(".lock").exists()
+
+
+def test_background_logs_are_bounded(tmp_path: pathlib.Path) -> None:
+    """Before: every worker's ``.log`` stayed in ``STORE/background`` forever."""
+    from ddpad._background import _KEEP_LOGS, _prune
+
+    folder = tmp_path / "background"
+    folder.mkdir()
+    for i in range(_KEEP_LOGS + 10):
+        log = folder / f"{i}.log"
+        log.write_text("x")
+        os.utime(log, (1000 + i, 1000 + i))
+    _prune(folder)
+    kept = sorted(int(p.stem) for p in folder.glob("*.log"))
+    assert kept == list(range(10, _KEEP_LOGS + 10))  # the newest
+
+
+def test_a_finished_background_worker_leaves_no_log(tmp_path: pathlib.Path) -> None:
+    model = _model()
+    with ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=tmp_path,
+                    background_compile=0.5) as wrapped:
+        wrapped(_data(model))
+        background = wrapped.background
+        assert background is not None and background.running
+        target, proc = next(iter(background.running.items()))
+        log = background.logs[target]
+        assert log.exists() and proc.wait(timeout=240) == 0
+        wrapped(_data(model))  # the next call reaps it
+        assert not log.exists()
