@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-
 from ddpad import GraphPadder
 
 if TYPE_CHECKING:

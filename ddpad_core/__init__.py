@@ -12,11 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._version import __version__
+from ._version import __version__ as __version__
 
 if TYPE_CHECKING:  # what the names are, for type checkers and readers
     from ._agreement import Agreement, AgreementError, cap_agreement_group, cap_agreement_over
-    from ._caps_file import load_caps, save_caps
     from ._capacity import (
         CapacityError,
         CapPolicy,
@@ -27,6 +26,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and readers
         resolve_cap,
         resolve_caps,
     )
+    from ._caps_file import load_caps, save_caps
     from ._compile import compile_counted, counting_backend
     from ._context import (
         NOT_DISTRIBUTED,

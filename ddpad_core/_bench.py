@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
 from ddpad import Stats, UnpaddedCompiled, wrap
 
 __all__ = ["VARIANTS", "figure", "fluctuating_trajectory", "plot", "run_bench"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import os
 import time
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 

@@ -1,14 +1,29 @@
-"""Atomic file writes: the one way ddpad writes a file others may read at once
-(compile-store entries, caps files)."""
+"""Files: the user cache folder, and atomic writes (the one way ddpad writes
+a file others may read at once: compile-store entries, caps files).
+Standard library only (the command line's ``-h`` imports it)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import pathlib
+import sys
 import tempfile
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "cache_dir"]
+
+
+def cache_dir() -> pathlib.Path:
+    """ddpad's folder in the user's cache: ``$XDG_CACHE_HOME/ddpad``
+    (``~/.cache/ddpad``); ``~/Library/Caches/ddpad`` on macOS,
+    ``%LOCALAPPDATA%\\ddpad`` on Windows."""
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~\\AppData\\Local")
+    elif sys.platform == "darwin":
+        base = os.path.expanduser("~/Library/Caches")
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return pathlib.Path(base) / "ddpad"
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes, prefix: str | None = None) -> None:

@@ -26,8 +26,8 @@ import torch
 
 from ._agreement import AgreementError, current_agreement
 from ._background import Background
-from ._caps_file import load_caps, save_caps
 from ._capacity import CapacityError, CapResolution, _Scope, resolutions
+from ._caps_file import load_caps, save_caps
 from ._compile import compile_model, run_step
 from ._context import DistributedContext, activate_dd_context, current_dd_context
 from ._ladder import Ladder
@@ -85,6 +85,9 @@ class _Turns:
     def give(self) -> None:
         self.holder = None
         self.lock.release()
+
+    def __reduce__(self) -> tuple[type[_Turns], tuple[()]]:
+        return _Turns, ()  # a copy (deepcopy, pickle) of a model gets its own turns, free
 
 
 class PaddedModel(torch.nn.Module):

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._fs import atomic_write
+from ._fs import atomic_write, cache_dir
 from ._version import __version__
 
 if TYPE_CHECKING:
@@ -67,14 +67,9 @@ _MAGIC = b"ddpad-compile/1\n"
 _PLAIN = (bool, int, float, str, type(None))
 
 
-def cache_dir() -> pathlib.Path:
-    """ddpad's user cache folder: ``$XDG_CACHE_HOME/ddpad`` (``~/.cache/ddpad``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "ddpad"
-
-
 def default_store_dir() -> pathlib.Path:
-    """``$XDG_CACHE_HOME/ddpad/compile`` (``~/.cache/ddpad/compile``)."""
+    """``compile`` in ddpad's user cache folder (``~/.cache/ddpad/compile``;
+    see :func:`._fs.cache_dir`)."""
     return cache_dir() / "compile"
 
 

@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ddpad._fs import cache_dir
 from ddpad._noise import NOISE
 
 if TYPE_CHECKING:
@@ -330,16 +331,9 @@ def _cached_caps(path: str, adapter: str) -> dict[str, int] | None:
 
 
 def _cache_dir() -> str:
-    """ddpad's folder in the user's cache (``$XDG_CACHE_HOME/ddpad``,
-    ``~/.cache/ddpad``; ``~/Library/Caches/ddpad`` on macOS,
-    ``%LOCALAPPDATA%\\ddpad`` on Windows)."""
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~\\AppData\\Local")
-    elif sys.platform == "darwin":
-        base = os.path.expanduser("~/Library/Caches")
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(base, "ddpad")
+    """ddpad's folder in the user's cache (:func:`ddpad._fs.cache_dir`, as the
+    compile store's default)."""
+    return str(cache_dir())
 
 
 # -- what the user sees while it runs -------------------------------------------

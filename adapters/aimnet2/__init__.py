@@ -21,10 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
-
 from ddpad import DensePadder, Fill
 from ddpad.adapters._common import builtin_adapter
+from torch import Tensor
 
 __all__ = ["ADAPTER", "build_input", "default_system", "evaluate", "load_model", "make_padder", "random_model"]
 

@@ -29,10 +29,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor
-
 from ddpad import COOPadder, Fill
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon
+from torch import Tensor
 
 __all__ = ["ADAPTER", "build_input", "default_system", "load_model", "make_padder", "prepare_model", "random_model"]
 
@@ -212,8 +211,8 @@ def random_model(
     """A small randomly initialised ``ScaleShiftMACE`` (2 interactions, non-zero
     per-atom shift and E0s), built from mace's own classes."""
     import numpy as np
-    from mace import modules  # first: mace makes e3nn 0.4's torch.load work on torch >= 2.6
     from e3nn import o3
+    from mace import modules  # first: mace makes e3nn 0.4's torch.load work on torch >= 2.6
 
     torch.manual_seed(seed)
     block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]

@@ -32,10 +32,9 @@ import copy
 from typing import Any
 
 import torch
-from torch import Tensor
-
-from ddpad import COOPadder, CapPolicy, Fill, current_dd_context
+from ddpad import CapPolicy, COOPadder, Fill, current_dd_context
 from ddpad.adapters._common import builtin_adapter
+from torch import Tensor
 
 __all__ = ["ADAPTER", "PaddedUMA", "build_input", "make_padder", "prepare_model"]
 
