@@ -41,9 +41,6 @@ DESCRIPTION = (
     "and ddpad on one trajectory whose atom count changes. 'ddpad COMMAND -h' for options."
 )
 
-# the warnings third-party packages raise on every run that the user can do
-# nothing about (shown with -v): ddpad._noise.NOISE
-_NOISE = NOISE
 
 
 class CliError(Exception):
@@ -77,7 +74,7 @@ def _format_warning(message: Warning | str, category: type[Warning], filename: s
 
 def _silence_noise() -> None:
     """Hide the known third-party warnings (not ddpad's own)."""
-    for message, category in _NOISE:
+    for message, category in NOISE:  # what users can do nothing about (shown with -v)
         warnings.filterwarnings("ignore", message=message, category=category)
 
 
