@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ._capacity import CapResolution
+from ._capacity import CapResolution, TightCaps
 from ._ladder import Ladder, ladder, next_caps
 
 __all__ = ["Background"]
@@ -54,8 +54,9 @@ class Background:
     """The background compiles of one :class:`~ddpad.PaddedModel`."""
 
     def __init__(self, owner: _Owner, ladder: Ladder, store_root: pathlib.Path, threshold: float, workers: int,
-                 compile_kwargs: Mapping[str, Any]) -> None:
+                 compile_kwargs: Mapping[str, Any], sizer: TightCaps | None = None) -> None:
         self.ladder = ladder
+        self.sizer = sizer  # a tight sizing's rungs are its fine ones
         self.store_root = store_root
         self.threshold = threshold
         self.workers = workers
@@ -81,6 +82,8 @@ class Background:
                 else:
                     log.warning("a background compile for caps %s failed (exit %s); see %s",
                                 dict(target), proc.returncode, log_path)
+        if self.sizer is not None and not self.sizer.settled:
+            return  # rungs above caps about to be fitted would never be reached
         current = tuple(sorted(owner.cap_state.items()))
         for r in resolved:
             if self.disabled:  # (a start that failed turns them off: said once)
@@ -89,9 +92,9 @@ class Background:
                 continue
             # the next rung (every key but systems one bucket up: the growth
             # takes it) when r grows in it, else r alone one bucket up
-            rungs = ladder(owner.cap_state, resolved, 1)
+            rungs = ladder(owner.cap_state, resolved, 1, self.sizer)
             grows = bool(rungs) and rungs[0][r.key] > owner.cap_state[r.key]
-            target = tuple(sorted((rungs[0] if grows else next_caps(owner.cap_state, r)).items()))
+            target = tuple(sorted((rungs[0] if grows else next_caps(owner.cap_state, r, self.sizer)).items()))
             if target in self.targets or target == current:
                 continue
             self._start(owner, target, data, args, kwargs)

@@ -19,7 +19,7 @@ from ddpad import Stats, UnpaddedCompiled, wrap
 
 __all__ = ["VARIANTS", "figure", "fluctuating_trajectory", "plot", "run_bench"]
 
-VARIANTS = ("eager", "compile-static", "compile-dynamic", "compile-default", "native-padding", "ddpad")
+VARIANTS = ("eager", "compile-static", "compile-dynamic", "compile-default", "native-padding", "ddpad", "ddpad-tight")
 
 
 def fluctuating_trajectory(atoms: Any, steps: int, rattle: float, rate: float, seed: int = 0) -> list[Any]:
@@ -84,6 +84,10 @@ def _timed(
         "recompiles": stats.recompiles,
         "peak_memory_mb": _peak_memory_mb(device),
         "cumulative_s": list(itertools.accumulate(times)),
+        "growth_calls": stats.growth_calls + stats.fit_calls,
+        "slowest_later_s": max(times[1:], default=0.0),
+        # real rows / cap per key, the mean since the caps last changed (padded variants only)
+        "fill": stats.mean_fill,
     }
 
 
@@ -128,8 +132,9 @@ def run_bench(
 
             def step(data: Any, unpadded: UnpaddedCompiled = unpadded) -> Any:
                 return unpadded(data, **kwargs)
-        elif name == "ddpad":
-            wrapped = wrap(model, adapter, backend=backend, on_recompile="ignore")
+        elif name in ("ddpad", "ddpad-tight"):  # the padders' own head room / cap_policy="tight"
+            policy = "tight" if name == "ddpad-tight" else "headroom"
+            wrapped = wrap(model, adapter, backend=backend, on_recompile="ignore", cap_policy=policy)
             stats = wrapped.stats
 
             def step(data: Any, wrapped: Any = wrapped) -> Any:

@@ -4,6 +4,9 @@ See SPEC section 2 (the formula and its reference values) and section 3
 (agreement, :mod:`._agreement`). Capacities live in a plain ``dict[str, int]``
 the caller owns. :meth:`CapPolicy.grow` is the one growth rule: resolution,
 the warm ladder's rungs and shrinking all size a cap through it.
+:class:`TightPolicy` (``cap_policy="tight"``) is the policy beside it: caps
+fitted to the needs a run has seen, in fine strides (:class:`TightCaps`
+holds one model's observations).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ __all__ = [
     "CapPolicy",
     "CapResolution",
     "CapacityError",
+    "TightCaps",
+    "TightPolicy",
     "bucket",
     "cap_ceilings",
     "record_resolutions",
@@ -123,6 +128,125 @@ class CapPolicy:
         return cap + 1 if self.strict_gt else cap
 
 
+@dataclass(frozen=True)
+class TightPolicy:
+    """``cap_policy="tight"``: caps that settle close to the need.
+
+    A run starts at each padder's own caps (:meth:`CapPolicy.initial`: head
+    room while nothing is known), watches its needs for ``settle`` calls and
+    then fits every cap to the highest need it saw: that need times
+    ``1 + margin`` for a count that moved in the window (edges), the need
+    itself for one that held still over two calls or more (an MD run's
+    atoms), rounded up to a fine
+    stride (a power of two no larger than ``need * margin / 2``, nor than the
+    padder's own stride). A growth before the window ends fits the caps at
+    once. After that a need past its cap grows it by a small step, twice
+    the margin, doubling with each further growth of that key (a system that
+    keeps growing soon grows in the padder's own steps, not in a compile per
+    two per cent), never beyond :meth:`CapPolicy.grow`.
+
+    Parameters
+    ----------
+    settle
+        Calls watched before the caps are fitted (``>= 1``; 1 fits them on
+        the first call, as ``ddpad precompile`` does).
+    margin
+        Head room over the highest need of a count that moved (``[0, 0.25]``).
+    """
+
+    settle: int = 10
+    margin: float = 0.02
+
+    def __post_init__(self) -> None:
+        if isinstance(self.settle, bool) or not isinstance(self.settle, int) or self.settle < 1:
+            raise ValueError(f"settle must be a number of calls >= 1, got {self.settle!r}")
+        margin = self.margin
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= margin <= 0.25:
+            raise ValueError(f"margin must be a fraction in [0, 0.25], got {margin!r}")
+
+    def fit(self, policy: CapPolicy, need: int, margin: float | None = None) -> int:
+        """The tight cap of ``need`` rows: the smallest multiple of the fine
+        stride that holds ``need * (1 + margin)`` rows without overflow,
+        ``margin`` defaulting to the policy's."""
+        margin = self.margin if margin is None else margin
+        room = int(need * self.margin / 2)  # a stride under half the margin keeps fill >= 1 / (1 + 2 margin)
+        stride = min(policy.stride, 1 << (room.bit_length() - 1)) if room else 1
+        # the smallest cap that holds need * (1 + margin) rows: that many for a
+        # strict key (edges), one more where the dead row sits at cap - 1 (atoms)
+        rows = math.floor(need * (1.0 + margin) + _FLOOR_EPS) + (0 if policy.strict_gt else 1)
+        return stride * -(-max(rows, 1) // stride)
+
+    def grow(self, policy: CapPolicy, need: int, growths: int) -> int:
+        """The cap ``need`` rows grow to after ``growths`` earlier growths of
+        their key since the caps were fitted: a fit at ``2 ** (growths + 1)``
+        margins, at most the padder's own growth (:meth:`CapPolicy.grow`)."""
+        margin = min(self.margin * 2 ** (growths + 1), policy.grow_factor - 1.0)
+        return min(self.fit(policy, need, margin), policy.grow(need))
+
+
+class TightCaps:
+    """One wrapped model's tight sizing: the needs seen, whether the caps
+    are fitted, each key's growths since. Read by :func:`resolve_caps`
+    inside the model's call scope; written by :meth:`observe` only after a
+    call succeeded (a call that raises leaves it as it was). Under an
+    agreement group the needs are the agreed (MAX) ones and the window counts
+    calls, so every rank fits the same caps on the same call."""
+
+    __slots__ = ("growths", "high", "low", "policy", "settled", "watched")
+
+    def __init__(self, policy: TightPolicy, *, settled: bool = False) -> None:
+        self.policy = policy
+        self.settled = settled  # True for preset caps (a caps file): they are already fitted
+        self.watched = 0  # calls observed before the fit
+        self.high: dict[str, int] = {}
+        self.low: dict[str, int] = {}
+        self.growths: dict[str, int] = {}
+
+    @property
+    def due(self) -> bool:
+        """Whether the next call fits the caps (the window ends with it)."""
+        return not self.settled and self.watched + 1 >= self.policy.settle
+
+    def settling(self, rows: Sequence[tuple[str, int, int | None, CapPolicy]]) -> bool:
+        """Whether this call fits the caps: the window ends, or a need
+        overflows its cap before it does (``rows``: key, need, cap, policy)."""
+        return not self.settled and (self.due or any(
+            cap is not None and not policy.fits(need, cap) for _, need, cap, policy in rows))
+
+    def fitted(self, key: str, policy: CapPolicy, need: int, old: int | None) -> int:
+        """``key``'s cap when the caps are fitted: to the highest need seen
+        (this call's included), never above a cap that still holds it."""
+        high, low = max(need, self.high.get(key, need)), min(need, self.low.get(key, need))
+        still = key in self.high and high == low  # held still over two calls at least; one call says nothing
+        cap = self.policy.fit(policy, high, 0.0 if still else None)
+        return cap if old is None or not policy.fits(need, old) else min(cap, old)
+
+    def grown(self, key: str, policy: CapPolicy, need: int, ahead: int = 0) -> int:
+        """The cap a need past ``key``'s fitted cap grows to (``ahead``: as
+        if that many growths came first, for rungs up the ladder)."""
+        return self.policy.grow(policy, need, self.growths.get(key, 0) + ahead)
+
+    def observe(self, rows: Sequence[tuple[Any, ...]]) -> bool:
+        """A successful call's scope rows ``(key, real, need, old, cap,
+        policy)``; True when it fitted the caps."""
+        settles = self.settling([(key, need, old, policy) for key, _, need, old, _, policy in rows])
+        if not self.settled:
+            self.watched += 1
+            for key, _, need, _, _, _ in rows:
+                self.high[key] = max(need, self.high.get(key, need))
+                self.low[key] = min(need, self.low.get(key, need))
+        else:
+            for key, _, _, old, cap, _ in rows:
+                if old is not None and cap > old:
+                    self.growths[key] = self.growths.get(key, 0) + 1
+        self.settled = self.settled or settles
+        return settles
+
+    def refit(self, key: str) -> None:
+        """``key``'s cap shrank to a fit: its growths start over."""
+        self.growths.pop(key, None)
+
+
 def bucket(x: int, factor: float, stride: int) -> int:
     """``stride * ceil((floor(x * factor) + 1) / stride)``: the next bucket above ``x * factor``."""
     grown = math.floor(x * factor + _FLOOR_EPS) + 1
@@ -162,6 +286,8 @@ _CEILINGS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar(
 # caps whose graphs are ready (warmed, or compiling in a background worker): a
 # growth takes the smallest that fits every need instead of its own buckets
 _RUNGS: contextvars.ContextVar[Sequence[Mapping[str, int]]] = contextvars.ContextVar("ddpad_rungs", default=())
+# the calling model's tight sizing (cap_policy="tight"), or None for its padders' own policies
+_SIZER: contextvars.ContextVar[TightCaps | None] = contextvars.ContextVar("ddpad_sizer", default=None)
 
 
 def checked_ceilings(ceilings: Mapping[str, int] | None) -> Mapping[str, int]:
@@ -201,28 +327,33 @@ class _Scope:
     :class:`CapResolution` (no object per key and call), under ``ceilings``.
     A class, not a generator: it is entered on every call."""
 
-    __slots__ = ("_ceilings", "_rungs", "_tokens", "rows")
+    __slots__ = ("_ceilings", "_rungs", "_sizer", "_tokens", "rows")
 
-    def __init__(self, ceilings: Mapping[str, int] | None, rungs: Sequence[Mapping[str, int]] = ()) -> None:
+    def __init__(self, ceilings: Mapping[str, int] | None, rungs: Sequence[Mapping[str, int]] = (),
+                 sizer: TightCaps | None = None) -> None:
         # ceilings come validated (checked_ceilings, once per wrapped model), not per call
         self.rows: list[_Row] = []
         self._ceilings = ceilings or None
         self._rungs = rungs
-        self._tokens: tuple[Any, Any, Any] = (None, None, None)
+        self._sizer = sizer
+        self._tokens: tuple[Any, Any, Any, Any] = (None, None, None, None)
 
     def __enter__(self) -> list[_Row]:
         ceilings = _CEILINGS.set(self._ceilings) if self._ceilings is not None else None
         rungs = _RUNGS.set(self._rungs) if self._rungs else None
-        self._tokens = (_RESOLUTIONS.set(self.rows.extend), ceilings, rungs)
+        sizer = _SIZER.set(self._sizer) if self._sizer is not None else None
+        self._tokens = (_RESOLUTIONS.set(self.rows.extend), ceilings, rungs, sizer)
         return self.rows
 
     def __exit__(self, *exc: object) -> None:
-        rows, ceilings, rungs = self._tokens
+        rows, ceilings, rungs, sizer = self._tokens
         _RESOLUTIONS.reset(rows)
         if ceilings is not None:
             _CEILINGS.reset(ceilings)
         if rungs is not None:
             _RUNGS.reset(rungs)
+        if sizer is not None:
+            _SIZER.reset(sizer)
 
 
 def resolutions(rows: list[_Row]) -> list[CapResolution]:
@@ -260,10 +391,11 @@ def resolve_caps(
         When a need exceeds its ceiling (``CapPolicy.max_cap`` or
         :func:`cap_ceilings`); ``state`` is left unchanged.
     """
-    agreement, ceilings = _AGREEMENT.get(), _CEILINGS.get()
-    rows = _steady(state, requests, ceilings) if agreement is None else None
+    agreement, ceilings, sizer = _AGREEMENT.get(), _CEILINGS.get(), _SIZER.get()
+    steady = agreement is None and (sizer is None or not sizer.due)  # (a due fit takes the general path)
+    rows = _steady(state, requests, ceilings) if steady else None
     if rows is None:
-        rows = _resolve(state, requests, agreement, ceilings)
+        rows = _resolve(state, requests, agreement, ceilings, sizer)
     sink = _RESOLUTIONS.get()
     if sink is not None:
         sink(rows)
@@ -292,9 +424,10 @@ def _steady(
 
 def _resolve(
     state: dict[str, int], requests: Mapping[str, tuple[int, CapPolicy]], agreement: Agreement | None,
-    ceilings: Mapping[str, int],
+    ceilings: Mapping[str, int], sizer: TightCaps | None = None,
 ) -> list[_Row]:
-    """Resolve every key (SPEC sections 2 and 3): the general path."""
+    """Resolve every key (SPEC sections 2 and 3): the general path; under a
+    tight sizing (``sizer``) a fit or a growth takes its sizes."""
     keys = list(requests)
     reals = [_as_count(f"real (key {k!r})", requests[k][0]) for k in keys]
     policies = [requests[k][1] for k in keys]
@@ -306,12 +439,17 @@ def _resolve(
             if cap > current.get(key, 0):  # a peer's cap (loaded or grown) is larger
                 current[key] = cap
     rows: list[_Row] = []
+    fitting = sizer is not None and sizer.settling(
+        [(key, need, current.get(key), policy) for key, need, policy in zip(keys, needs, policies)])
     for key, real, need, policy in zip(keys, reals, needs, policies):
         old = current.get(key)
-        if old is None:
+        if fitting:
+            assert sizer is not None
+            cap = sizer.fitted(key, policy, need, old)
+        elif old is None:
             cap = policy.initial(need)
         elif not policy.fits(need, old):
-            cap = policy.grow(need)
+            cap = policy.grow(need) if sizer is None or not sizer.settled else sizer.grown(key, policy, need)
         else:
             cap = old
         ceiling = _ceiling(key, policy, ceilings)
@@ -326,11 +464,14 @@ def _resolve(
             cap = max(ceiling, old or 0)
         rows.append((key, real, need, state.get(key), cap, policy))
     # never under an agreement: every rank sizes its caps from the agreed needs alone
-    rung = _ready_rung(rows, current, ceilings) if agreement is None else None
+    # (not for a fit: the ready rungs sit above the caps it fits down)
+    rung = _ready_rung(rows, current, ceilings) if agreement is None and not fitting else None
     if rung is not None:
         rows = [(key, real, need, old, rung[key], policy) for key, real, need, old, _, policy in rows]
-    for key, _, need, old, cap, _ in rows:
-        if old is not None and cap != old:
+    for key, _, need, old, cap, policy in rows:
+        if fitting and old is not None and cap != old:
+            log.info("%s cap %d fitted to %d (the needs seen so far), expect one recompile", key, old, cap)
+        elif old is not None and cap != old:
             relation = ">" if need > old else ">="
             log.info("%s %d %s cap %d: grow to %d, expect one recompile", key, need, relation, old, cap)
         state[key] = cap

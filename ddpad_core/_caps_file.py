@@ -9,7 +9,7 @@ from typing import Any
 
 from ._fs import atomic_write
 
-__all__ = ["load_caps", "save_caps"]
+__all__ = ["caps_fitted", "load_caps", "save_caps"]
 
 _CAPS_FORMAT = "ddpad-caps/1"
 
@@ -63,6 +63,18 @@ def load_caps(
         if limit is not None and value > limit:
             raise ValueError(f"{origin}: cap {key!r} = {value} exceeds its ceiling {limit}")
     return dict(caps)
+
+
+def caps_fitted(source: Mapping[str, int] | str | os.PathLike[str]) -> bool:
+    """Whether preset caps are already fitted (``cap_policy="tight"`` keeps
+    them instead of fitting them again): a mapping is taken as given; a caps
+    file says so when a tight run wrote it after its fit (a file of a
+    head-room run, or of an older ddpad, does not). Call after
+    :func:`load_caps` accepted ``source``."""
+    if isinstance(source, Mapping):
+        return True
+    with open(source, encoding="utf-8") as fh:
+        return json.load(fh).get("fitted") is True
 
 
 def save_caps(caps: Mapping[str, int], path: str | os.PathLike[str], **meta: Any) -> None:

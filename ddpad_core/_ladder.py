@@ -6,7 +6,9 @@ columns: every key but ``systems``, the number of systems, which a growing
 system keeps) one :meth:`~ddpad.CapPolicy.grow` up. :class:`Ladder` holds the
 caps whose graphs are ready (warmed by the first call) or being compiled (a
 background worker); a growth takes the smallest that fits
-(:mod:`._capacity`'s ready-rung choice) and the ladder counts it.
+(:mod:`._capacity`'s ready-rung choice) and the ladder counts it. Under a
+tight sizing (:class:`~ddpad._capacity.TightCaps`) each rung is one tight growth up,
+in the fine strides a growth of that model would take.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Literal
 
-from ._capacity import CapResolution
+from ._capacity import CapResolution, TightCaps
 
 __all__ = ["Ladder", "ladder", "next_caps"]
 
@@ -23,16 +25,20 @@ Source = Literal["warm", "background"]
 _Key = tuple[tuple[str, int], ...]
 
 
-def next_caps(caps: Mapping[str, int], r: CapResolution) -> dict[str, int]:
-    """``caps`` with ``r.key`` at the cap its first overflow would grow it to."""
+def next_caps(caps: Mapping[str, int], r: CapResolution, sizer: TightCaps | None = None,
+              ahead: int = 0) -> dict[str, int]:
+    """``caps`` with ``r.key`` at the cap its first overflow would grow it to
+    (by ``sizer``'s tight growth, ``ahead`` growths on, when there is one)."""
     policy = r.policy
-    grown = policy.grow(policy.overflow(r.cap))
+    need = policy.overflow(r.cap)
+    grown = policy.grow(need) if sizer is None or not sizer.settled else sizer.grown(r.key, policy, need, ahead)
     if policy.max_cap is not None:
         grown = min(grown, policy.max_cap)
     return {**caps, r.key: grown}
 
 
-def ladder(caps: Mapping[str, int], resolved: list[CapResolution], rungs: int) -> list[dict[str, int]]:
+def ladder(caps: Mapping[str, int], resolved: list[CapResolution], rungs: int,
+           sizer: TightCaps | None = None) -> list[dict[str, int]]:
     """The next ``rungs`` caps of a growing system: each rung one growth up in
     every count that grows with it (every key but ``systems``), the other
     keys as they are; it ends where every scaling key is at its ceiling.
@@ -43,9 +49,9 @@ def ladder(caps: Mapping[str, int], resolved: list[CapResolution], rungs: int) -
     agreement group)."""
     scaled = [r for r in resolved if r.key != "systems" and r.need > 0]
     current, out = dict(caps), []
-    for _ in range(rungs if scaled else 0):
+    for step in range(rungs if scaled else 0):
         for r in scaled:
-            current = next_caps(current, dataclasses.replace(r, cap=current[r.key]))
+            current = next_caps(current, dataclasses.replace(r, cap=current[r.key]), sizer, step)
         if current == (out[-1] if out else caps):  # every scaling key at its ceiling
             break
         out.append(dict(current))

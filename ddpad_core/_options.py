@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ._capacity import checked_ceilings
+from ._capacity import TightPolicy, checked_ceilings
 from ._shrink import ShrinkPolicy
 from ._store import CompileStore
 from ._strict import OnRecompile
@@ -33,6 +33,8 @@ class WrapOptions:
     background_compile: float | None = None
     background_workers: int = 1
     warm_ladder: int = 0
+    cap_policy: Literal["tight", "headroom"] | TightPolicy | None = None
+    compile_mode: Literal["dynamo", "aot"] = "dynamo"
     compile_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -48,7 +50,33 @@ class WrapOptions:
         options, compile_kwargs = cls.split(kwargs)
         return cls(**options, compile_kwargs=compile_kwargs)
 
+    def tight_policy(self, store_bound: bool) -> TightPolicy | None:
+        """The tight sizing this model runs under, or None for its padders'
+        own head room. ``cap_policy=None`` picks tight where a growth is
+        cheap: nothing compiles (``compile=False``), a compile store keeps
+        every rung for the next process, background workers or a warm ladder
+        compile rungs before they are needed. Elsewhere (a plain compile, no
+        store) each growth is a full compile in this process that nothing
+        reuses, and the head room is kept."""
+        policy = self.cap_policy
+        if isinstance(policy, TightPolicy):
+            return policy
+        if policy is None:
+            cheap = (not self.compile or store_bound or self.background_compile is not None
+                     or self.warm_ladder > 0)
+            return TightPolicy() if cheap else None
+        return TightPolicy() if policy == "tight" else None
+
     def __post_init__(self) -> None:
+        if self.cap_policy is not None and not isinstance(self.cap_policy, TightPolicy) \
+                and self.cap_policy not in ("tight", "headroom"):
+            raise ValueError(f"cap_policy must be 'tight', 'headroom', a TightPolicy or None (tight where "
+                             f"growth is cheap), got {self.cap_policy!r}")
+        if self.compile_mode not in ("dynamo", "aot"):
+            raise ValueError(f"compile_mode must be 'dynamo' (torch.compile) or 'aot' (ahead-of-time packages), "
+                             f"got {self.compile_mode!r}")
+        if self.compile_mode == "aot" and not self.compile:
+            raise TypeError("compile_mode='aot' compiles packages: drop compile=False")
         if self.on_recompile not in ("warn", "raise", "ignore"):
             raise ValueError(f"on_recompile must be 'warn', 'raise' or 'ignore', got {self.on_recompile!r}")
         if self.on_overflow not in ("raise", "eager"):

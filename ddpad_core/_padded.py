@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._agreement import AgreementError, current_agreement
+from ._aot import AotRoute
 from ._background import Background
-from ._capacity import CapacityError, CapResolution, _Scope, resolutions
-from ._caps_file import load_caps, save_caps
+from ._capacity import CapacityError, CapResolution, TightCaps, _Scope, resolutions
+from ._caps_file import caps_fitted, load_caps, save_caps
 from ._compile import compile_model, run_step
 from ._context import DistributedContext, activate_dd_context, current_dd_context
 from ._ladder import Ladder
@@ -36,7 +37,7 @@ from ._options import WrapOptions
 from ._protocol import GraphPadder
 from ._shrink import Shrinker
 from ._stats import Stats
-from ._store import CompileStore, StoreBinding, bind_store
+from ._store import CompileStore, StoreBinding, aot_binding, bind_store
 from ._strict import RecompileError, call_form, guard_failure_counts, unexplained
 from ._warm import warm, warm_rungs
 
@@ -139,13 +140,15 @@ class PaddedModel(torch.nn.Module):
         self._loaded_keys = set(self.cap_state)
         self.ladder = Ladder()
         self.stats = Stats(caps=dict(self.cap_state), ladder=self.ladder)
-        self.shrinker = Shrinker(opts.shrink) if opts.shrink is not None else None
+        self.sizer: TightCaps | None = None  # cap_policy="tight" (set below, once the store is bound)
+        self.shrinker: Shrinker | None = None
         self._forms: set[tuple[Any, ...]] = set()  # (call form, caps) that ran
         self.last_resolutions: list[CapResolution] = []  # of the last call that sized or grew a cap
         self._turns = _Turns()
         self.compiled: Callable[..., Any] = model
         self.store_binding: StoreBinding | None = None
         self.background: Background | None = None
+        self.aot: AotRoute | None = None  # compile_mode="aot": packages first, torch.compile where refused
         if opts.compile:
             compile_kwargs = dict(opts.compile_kwargs)
             if opts.compile_cache is not None:  # None for a backend with nothing to store (said once)
@@ -153,14 +156,33 @@ class PaddedModel(torch.nn.Module):
                                                 **compile_kwargs)
             if self.store_binding is not None:
                 weakref.finalize(self, self.store_binding.flush)  # a backward compiled after the last call
-            if opts.background_compile is not None:
+            if opts.background_compile is not None and opts.compile_mode == "aot":
+                # (its workers compile torch.compile graphs: packages are built when a growth needs them)
+                log.info("background compiles are off under compile_mode='aot'")
+            elif opts.background_compile is not None:
                 if adapter is None:
                     raise ValueError("ddpad: background_compile needs compile_cache= and an adapter (its workers "
                                      "compile into the store and rebuild the padder from the adapter)")
                 root = opts.compile_cache.root if isinstance(opts.compile_cache, CompileStore) else opts.compile_cache
                 self.background = Background(self, self.ladder, pathlib.Path(root).expanduser(),
                                              float(opts.background_compile), opts.background_workers, compile_kwargs)
-            self.compiled = compile_model(model, self.stats, compile_region, self.store_binding, **compile_kwargs)
+            if opts.compile_mode == "aot":
+                self.aot = self._aot_route(opts, adapter)
+            if self.aot is None:
+                self.compiled = compile_model(model, self.stats, compile_region, self.store_binding,
+                                              **compile_kwargs)
+            else:  # torch.compile only for a form the packages refuse: importing Dynamo takes seconds
+                self._compile_later = (compile_region, compile_kwargs)
+        tight = opts.tight_policy(self.store_binding is not None)
+        if tight is not None:  # preset caps a tight run fitted are kept; others are fitted after the window
+            fitted = bool(self.cap_state) and opts.caps is not None and caps_fitted(opts.caps)
+            if opts.warm_ladder:  # fit on the first call, as ddpad precompile does: the ladder is warmed
+                tight = dataclasses.replace(tight, settle=1)  # before the run, not in a stall ten steps in
+            self.sizer = TightCaps(tight, settled=fitted)
+            if self.background is not None:
+                self.background.sizer = self.sizer
+        if opts.shrink is not None:
+            self.shrinker = Shrinker(opts.shrink, self.sizer)
 
     @property
     def rungs(self) -> list[dict[str, int]]:
@@ -187,7 +209,8 @@ class PaddedModel(torch.nn.Module):
         trial = dict(self.cap_state)  # committed only if the call succeeds
         measure = options.memory_budget is not None and index == 0
         pad_seconds, started = 0.0, time.perf_counter()
-        with _Scope(self.max_caps, self.ladder.ready) as rows:  # the call's resolutions (plain tuples)
+        sizer = self.sizer
+        with _Scope(self.max_caps, self.ladder.ready, sizer) as rows:  # the call's resolutions (plain tuples)
             try:
                 if measure:
                     reset_peak(data)
@@ -202,7 +225,7 @@ class PaddedModel(torch.nn.Module):
                     pad_seconds += time.perf_counter() - t0
                     if options.compile and (index == 0 or trial != self.cap_state):
                         log.info("compiling at caps %s (%s)", trial, "first call" if index == 0 else "caps grew")
-                    out = self._run(padded, args, kwargs)
+                    out = self._run(padded, args, kwargs, data)
                 t0 = time.perf_counter()
                 out = self.padder.unpad(out)
                 pad_seconds += time.perf_counter() - t0
@@ -221,7 +244,11 @@ class PaddedModel(torch.nn.Module):
         self.cap_state.update(trial)  # the call succeeded: commit its caps
         if measure:
             self._derive_ceilings(data)
-        if index == 0 and options.warm_ladder:
+        fitted = False
+        if sizer is not None and (not sizer.settled or any(r[3] != r[4] for r in rows)):
+            fitted = sizer.observe(rows)  # True on the one call that fits the caps
+        # the ladder climbs from the first call's caps, or from the fitted ones under a tight sizing
+        if options.warm_ladder and (fitted or (index == 0 and (sizer is None or sizer.settled))):
             self._warm(data, args, kwargs, resolutions(rows))
         stats.record_pads(pad_seconds, getattr(self.padder, "allocations", None), allocations_before)
         # the form that ran (before a shrink changes the caps)
@@ -229,7 +256,8 @@ class PaddedModel(torch.nn.Module):
         new_form = form not in self._forms
         self._forms.add(form)
         if index == 0 or self.shrinker is not None or self.background is not None or any(r[3] != r[4] for r in rows):
-            self._sized(index, resolutions(rows), data, args, kwargs)
+            self._sized(index, resolutions(rows), data, args, kwargs, fitted,
+                        time.perf_counter() - started, stats.graphs > graphs_before, agreement is not None)
         else:  # nothing sized or grew (nearly every call): only the fills changed
             stats.record_fills(rows)
         if stats.graphs > graphs_before:
@@ -241,10 +269,11 @@ class PaddedModel(torch.nn.Module):
         return out
 
     def _sized(self, index: int, resolved: list[CapResolution], data: Any, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> None:
-        """After a call that sized, grew (or may shrink) a cap: record it, let
-        background compiles and the ladder see it, shrink."""
-        self.stats.record_call(index, resolved, self.cap_state)
+               kwargs: dict[str, Any], fitted: bool = False, seconds: float = 0.0, compiled: bool = False,
+               agreed: bool = False) -> None:
+        """After a call that sized, grew, fitted (or may shrink) a cap: record
+        it, let background compiles and the ladder see it, shrink."""
+        self.stats.record_call(index, resolved, self.cap_state, fitted=fitted)
         self.last_resolutions = resolved  # what sized the caps (policies included)
         if self.background is not None:
             self.background.after_call(self, data, args, kwargs, resolved)
@@ -253,12 +282,40 @@ class PaddedModel(torch.nn.Module):
         if index == 0:
             self._check_loaded_keys(resolved)
         if self.shrinker is not None:
-            shrinks = self.shrinker.observe(index, resolved, self.cap_state)
+            shrinks = self.shrinker.observe(index, resolved, self.cap_state, seconds=seconds, compiled=compiled,
+                                            ready=self._ready, agreed=agreed)
             if shrinks:
-                self.stats.shrinks.extend(shrinks)
-                self.stats.caps = dict(self.cap_state)
+                self.stats.record_shrinks(shrinks, self.cap_state)
 
-    def _run(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _ready(self) -> list[dict[str, int]]:
+        """Caps whose graphs are ready: they ran before (Dynamo's cache holds
+        them) or are rungs (warmed, or a background worker's)."""
+        return [*self.ladder.ready, *(dict(caps) for _, caps in self._forms)]
+
+    def _aot_route(self, opts: WrapOptions, adapter: Adapter | None) -> AotRoute | None:
+        """The ahead-of-time route, or None (said once) where it cannot be taken."""
+        if self.pad_in_forward:
+            log.warning("ddpad: compile_mode='aot' falls back to torch.compile: this model pads at its own seam "
+                        "inside its forward, and a package needs the padded input from outside")
+            return None
+        store = key = None
+        if opts.compile_cache is not None:
+            store, key = aot_binding(self.model, opts.compile_cache, adapter, self.dynamo_config)
+        return AotRoute(self.model, self.call, self.dynamo_config, self.stats, store, key)
+
+    def _run(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any], source: Any = None) -> Any:
+        """One step on padded ``data``: its package (``compile_mode="aot"``;
+        ``source``, the caller's input, says whether the caller differentiates
+        the outputs), else the compiled model."""
+        if self.aot is not None:
+            return self.aot.run(data, args, kwargs, source, lambda: self._compiled_step(data, args, kwargs))
+        return self._compiled_step(data, args, kwargs)
+
+    def _compiled_step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        later = self.__dict__.pop("_compile_later", None)
+        if later is not None:  # the first step the ahead-of-time route refused
+            region, compile_kwargs = later
+            self.compiled = compile_model(self.model, self.stats, region, self.store_binding, **compile_kwargs)
         if self.store_binding is None:
             return run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
         try:
@@ -299,12 +356,12 @@ class PaddedModel(torch.nn.Module):
                     with activate_dd_context(self._context(state, padder)):
                         self._run(data, args, kwargs)
                 else:
-                    self._run(padder.pad(data, state), args, kwargs)
+                    self._run(padder.pad(data, state), args, kwargs, data)
             finally:
                 _restore(padder)
 
         t0 = time.perf_counter()
-        rungs = warm_rungs(self.cap_state, resolved, self.options.warm_ladder, self.max_caps)
+        rungs = warm_rungs(self.cap_state, resolved, self.options.warm_ladder, self.max_caps, self.sizer)
         for caps in warm(rungs, self.cap_state, step, self.ladder):
             self._forms.add((form, tuple(caps.items())))
         self.stats.warm_seconds += time.perf_counter() - t0
@@ -389,8 +446,12 @@ class PaddedModel(torch.nn.Module):
 
     def save_caps(self, path: str | os.PathLike[str]) -> None:
         """Write the current caps to JSON for a warm restart (``caps=path``),
-        atomically, with the adapter's name (checked when loaded)."""
-        meta = {"adapter": self.adapter.name} if self.adapter is not None else {}
+        atomically, with the adapter's name (checked when loaded) and, once
+        ``cap_policy="tight"`` fitted them, that they are fitted (a tight
+        restart from the file keeps them)."""
+        meta: dict[str, Any] = {"adapter": self.adapter.name} if self.adapter is not None else {}
+        if self.sizer is not None and self.sizer.settled:
+            meta["fitted"] = True  # a tight restart keeps them
         save_caps(self.cap_state, path, **meta)
 
     def load_caps(self, source: Mapping[str, int] | str | os.PathLike[str]) -> None:

@@ -49,14 +49,19 @@ class Stats:
         Compiles of a frame this model had compiled before.
     graphs_by_call
         ``{call: graphs}`` for every call that compiled something.
-    growths, shrinks
+    growths, shrinks, fits
         Cap changes (:class:`CapEvent`, one per key that changed), first
         sizing excluded. One growth step may grow several keys:
-        :attr:`growth_calls` counts the steps.
+        :attr:`growth_calls` counts the steps. ``fits`` are those of the
+        call on which ``cap_policy="tight"`` fitted the caps to the needs it
+        had seen (one recompile, on one call).
     caps
         The caps as of the last call that sized, grew or shrank one (a copy).
     fill
         ``real / cap`` per key on the last call.
+    fill_sum, fill_calls
+        Sums of ``real / cap`` per key over the calls since the caps last
+        changed, and how many: :attr:`mean_fill` (what a run's steps paid).
     pad_seconds, last_pad_seconds
         Time spent padding and unpadding, total and on the last call.
     pad_allocations, last_pad_allocations
@@ -87,6 +92,11 @@ class Stats:
     background_started, background_used, background_wasted
         Background compiles of the next bucket: started, whose caps a later
         growth reached, and finished or stopped without being reached.
+    aot_compiled, aot_loaded, aot_checked, aot_refused, aot_seconds, aot_load_seconds
+        ``compile_mode="aot"``: packages built (traced, exported, compiled by
+        AOTInductor) and loaded from the store, first calls checked against
+        the eager step, call forms that fell back to ``torch.compile``, and
+        the seconds building and loading took.
     rungs_warmed, rungs_used, warm_seconds
         Ladder rungs compiled or loaded by the first call (``warm_ladder``),
         the growths that took a ready rung (warmed, or a background
@@ -100,8 +110,11 @@ class Stats:
     graphs_by_call: dict[int, int] = field(default_factory=dict)
     growths: list[CapEvent] = field(default_factory=list)
     shrinks: list[CapEvent] = field(default_factory=list)
+    fits: list[CapEvent] = field(default_factory=list)
     caps: dict[str, int] = field(default_factory=dict)
     fill: dict[str, float] = field(default_factory=dict)
+    fill_sum: dict[str, float] = field(default_factory=dict)
+    fill_calls: int = 0
     pad_seconds: float = 0.0
     last_pad_seconds: float = 0.0
     pad_allocations: int | None = None
@@ -117,31 +130,58 @@ class Stats:
     store_hits: int = 0
     store_misses: int = 0
     warm_seconds: float = 0.0
+    aot_compiled: int = 0
+    aot_loaded: int = 0
+    aot_checked: int = 0
+    aot_refused: int = 0
+    aot_seconds: float = 0.0
+    aot_load_seconds: float = 0.0
     ladder: Ladder = field(default_factory=Ladder, repr=False, compare=False)
 
-    def record(self, call: int, resolved: list[CapResolution]) -> bool:
-        """Record the fills and growths of call ``call``'s cap resolutions;
-        True when a known cap changed (first sizing is not a growth)."""
+    def record(self, call: int, resolved: list[CapResolution], fitted: bool = False) -> bool:
+        """Record the fills and growths (or, ``fitted``, the fits) of call
+        ``call``'s cap resolutions; True when a known cap changed (first
+        sizing is not a growth)."""
         changed = False
+        events = self.fits if fitted else self.growths
         for r in resolved:
-            self.fill[r.key] = r.real / r.cap if r.cap else 0.0
             if r.old_cap is not None and r.cap != r.old_cap:
                 changed = True
-                self.growths.append(CapEvent(call, r.key, r.old_cap, r.cap, r.real, r.need))
+                events.append(CapEvent(call, r.key, r.old_cap, r.cap, r.real, r.need))
+        if changed:  # the mean fill is of the caps as they now are
+            self.fill_sum.clear()
+            self.fill_calls = 0
+        self.record_fills((r.key, r.real, r.need, r.old_cap, r.cap, r.policy) for r in resolved)
         return changed
 
-    def record_call(self, call: int, resolved: list[CapResolution], caps: dict[str, int]) -> bool:
+    def record_call(self, call: int, resolved: list[CapResolution], caps: dict[str, int],
+                    fitted: bool = False) -> bool:
         """:meth:`record`, and the caps as they now are (a copy)."""
-        changed = self.record(call, resolved)
+        changed = self.record(call, resolved, fitted)
         self.caps = dict(caps)
         return changed
 
     def record_fills(self, rows: Iterable[tuple[Any, ...]]) -> None:
-        """The fills of a call that sized nothing (rows of a call's scope:
-        ``(key, real, need, old, cap, policy)``)."""
-        fill = self.fill
+        """The fills of a call (rows of a call's scope: ``(key, real, need,
+        old, cap, policy)``)."""
+        fill, total = self.fill, self.fill_sum
         for key, real, _, _, cap, _ in rows:
-            fill[key] = real / cap if cap else 0.0
+            fill[key] = value = real / cap if cap else 0.0
+            total[key] = total.get(key, 0.0) + value
+        self.fill_calls += 1
+
+    @property
+    def mean_fill(self) -> dict[str, float]:
+        """``real / cap`` per key, averaged over the calls since the caps last changed."""
+        calls = self.fill_calls
+        return {key: value / calls for key, value in self.fill_sum.items()} if calls else dict(self.fill)
+
+    def record_shrinks(self, events: list[CapEvent], caps: dict[str, int]) -> None:
+        """Caps that shrank (:class:`~ddpad.ShrinkPolicy`) after a call, and the caps now."""
+        self.shrinks.extend(events)
+        self.caps = dict(caps)
+        self.fill_sum.clear()
+        self.fill_calls = 0
 
     def record_pads(self, seconds: float, allocations: int | None, before: int | None) -> None:
         """One finished call: its pad / unpad time and the padder's buffer allocations."""
@@ -211,14 +251,19 @@ class Stats:
         return self.ladder.background_wasted
 
     @property
+    def fit_calls(self) -> int:
+        """Calls on which ``cap_policy="tight"`` fitted the caps (0 or 1; each one recompile)."""
+        return len({event.call for event in self.fits})
+
+    @property
     def growth_calls(self) -> int:
         """Calls on which at least one cap grew (each costs one recompile)."""
         return len({event.call for event in self.growths})
 
     @property
     def max_graphs_per_frame(self) -> int:
-        """Compiles of the most compiled frame: ``1 + growth_calls`` when
-        padding holds (graph breaks add frames, not compiles per frame)."""
+        """Compiles of the most compiled frame: ``1 + growth_calls +
+        fit_calls`` when padding holds (graph breaks add frames, not compiles per frame)."""
         return max(self.graphs_per_frame.values(), default=0)
 
     def as_dict(self) -> dict[str, Any]:
@@ -232,7 +277,9 @@ class Stats:
             "growths": [vars(e) for e in self.growths],
             "shrinks": [vars(e) for e in self.shrinks],
             "caps": dict(self.caps),
+            "fits": [vars(e) for e in self.fits],
             "fill": dict(self.fill),
+            "mean_fill": self.mean_fill,
             "pad_seconds": self.pad_seconds,
             "pad_allocations": self.pad_allocations,
             "unexplained": list(self.unexplained),
@@ -246,6 +293,7 @@ _COMPILE_FIELDS = (
     "graphs_compiled", "graphs_loaded", "compile_seconds", "load_seconds", "store_hits", "store_misses",
     "background_started", "background_used", "background_wasted", "graphs_uncached",
     "rungs_warmed", "rungs_used", "warm_seconds",
+    "aot_compiled", "aot_loaded", "aot_checked", "aot_refused", "aot_seconds", "aot_load_seconds",
 )
 
 

@@ -58,7 +58,7 @@ from ._version import __version__
 if TYPE_CHECKING:
     from ddpad.adapters import Adapter
 
-__all__ = ["CompileStore", "StoreBinding", "bind_store", "default_store_dir", "model_fingerprint",
+__all__ = ["CompileStore", "StoreBinding", "aot_binding", "bind_store", "default_store_dir", "model_fingerprint",
            "store_environment"]
 
 log = logging.getLogger("ddpad")
@@ -435,3 +435,16 @@ def bind_store(model: torch.nn.Module, compile_cache: str | os.PathLike[str] | C
     store = compile_cache if isinstance(compile_cache, CompileStore) else CompileStore(compile_cache)
     environment = store_environment(adapter, dynamo_config or {}, compile_kwargs)
     return StoreBinding(store, store.model_key(model, **environment))
+
+
+def aot_binding(model: torch.nn.Module, compile_cache: str | os.PathLike[str] | CompileStore,
+                adapter: Adapter | None = None, dynamo_config: Mapping[str, Any] | None = None,
+                ) -> tuple[CompileStore, str]:
+    """The store and model key of ``compile_mode="aot"``'s packages (every
+    factor of :func:`store_environment`, the route instead of a backend; the
+    weights' digest is added by the route: a package holds them)."""
+    store = compile_cache if isinstance(compile_cache, CompileStore) else CompileStore(compile_cache)
+    environment = store_environment(adapter, dynamo_config or {}, {"backend": "aot-inductor-package"})
+    # a package holds machine code for one vector ISA (ATen's CPU capability names it, cheaply)
+    environment["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    return store, store.model_key(model, **environment)

@@ -4,6 +4,7 @@ reported (``on_recompile``) with Dynamo's own guard-failure reasons."""
 from __future__ import annotations
 
 import contextvars
+import sys
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -40,7 +41,11 @@ def guard_failure_counts() -> Mapping[Any, int]:
     Dynamo records them only while converting a frame, after counting the
     frame in ``counters["frames"]["total"]``; while that count (of the same
     counter object: ``counters.clear()`` replaces it) has not moved, the last
-    count still holds, and a call costs two lookups instead of a scan."""
+    count still holds, and a call costs two lookups instead of a scan.
+    Before anything imported Dynamo there are none (and importing it, seconds,
+    is left to what compiles: ``compile_mode="aot"`` may never need it)."""
+    if "torch._dynamo" not in sys.modules:
+        return {}
     utils = torch._dynamo.utils
     frames = utils.counters["frames"]
     total = frames["total"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from ._capacity import CapResolution
+from ._capacity import CapResolution, TightCaps
 from ._ladder import Ladder, ladder
 
 __all__ = ["warm", "warm_rungs"]
@@ -21,9 +21,10 @@ log = logging.getLogger("ddpad")
 
 
 def warm_rungs(caps: Mapping[str, int], resolved: list[CapResolution], count: int,
-               ceilings: Mapping[str, int]) -> list[dict[str, int]]:
-    """The next ``count`` rungs above ``caps`` that stay within ``ceilings``."""
-    return [rung for rung in ladder(caps, resolved, count)
+               ceilings: Mapping[str, int], sizer: TightCaps | None = None) -> list[dict[str, int]]:
+    """The next ``count`` rungs above ``caps`` that stay within ``ceilings``
+    (a tight sizing's fine rungs with ``sizer``)."""
+    return [rung for rung in ladder(caps, resolved, count, sizer)
             if all(rung[k] <= ceilings.get(k, rung[k]) for k in rung)]
 
 

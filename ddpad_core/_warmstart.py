@@ -32,8 +32,10 @@ __all__ = [
 ]
 
 
-def first_call(adapter_name: str, store: str, backend: str, device: str, dtype: str | None) -> dict[str, Any]:
-    """One first call in this process (the child's side)."""
+def first_call(adapter_name: str, store: str, backend: str, device: str, dtype: str | None,
+               compile_mode: str = "dynamo") -> dict[str, Any]:
+    """One first call in this process (the child's side), then 20 steady
+    calls on the same input (their median: ``steady_s``)."""
     import ddpad
     import torch
     from ddpad import adapters
@@ -42,28 +44,46 @@ def first_call(adapter_name: str, store: str, backend: str, device: str, dtype: 
     torch.manual_seed(0)
     model = adapter.random_model(getattr(torch, dtype) if dtype else None, device)
     data = adapter.build_input(model, adapter.default_system())
-    wrapped = ddpad.wrap(model, adapter, compile_cache=store, backend=backend)
+    # head room: the caps of the first call are the caps of every run (a tight one fits them later)
+    wrapped = ddpad.wrap(model, adapter, compile_cache=store, backend=backend, compile_mode=compile_mode,
+                         cap_policy="headroom")
     t0 = time.perf_counter()
     out = adapter.flat(wrapped(data))
     seconds = time.perf_counter() - t0
+    steady = []
+    for _ in range(20):
+        t1 = time.perf_counter()
+        wrapped(data)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        steady.append(time.perf_counter() - t1)
     energy = out[adapter.flat_energy_key].detach().double().cpu()
+    forces = out["forces"].detach().double().cpu() if "forces" in out else torch.zeros(0)
     s = wrapped.stats
     return {
-        "first_call_s": seconds, "graphs_compiled": s.graphs_compiled, "graphs_loaded": s.graphs_loaded,
-        "compile_s": s.compile_seconds, "load_s": s.load_seconds, "store_hits": s.store_hits,
-        "energy": energy.tolist(),
+        "first_call_s": seconds, "graphs_compiled": s.graphs_compiled + s.aot_compiled,
+        "graphs_loaded": s.graphs_loaded + s.aot_loaded, "aot_refused": s.aot_refused,
+        "compile_s": s.compile_seconds + s.aot_seconds, "load_s": s.load_seconds + s.aot_load_seconds,
+        "store_hits": s.store_hits, "energy": energy.tolist(), "forces": forces.tolist(),
+        "steady_s": sorted(steady)[len(steady) // 2],
     }
 
 
 def warm_start(adapter: str, *, backend: str = "inductor", device: str = "cpu", dtype: str | None = None,
-               workdir: str | None = None) -> dict[str, dict[str, Any]]:
-    """Run the cold, store-only and warm first calls; returns each one's result."""
+               workdir: str | None = None, aot: bool = True) -> dict[str, dict[str, Any]]:
+    """Run the cold, store-only and warm first calls (and, with ``aot``, the
+    ahead-of-time route's build and load); returns each one's result."""
     with tempfile.TemporaryDirectory(prefix="ddpad-warm-", dir=workdir) as tmp:
         root = pathlib.Path(tmp)
         store, cold_cache, fresh_cache = (str(root / name) for name in ("store", "inductor-cold", "inductor-fresh"))
         spec = {"adapter_name": adapter, "store": store, "backend": backend, "device": device, "dtype": dtype}
         results = {name: _run_child("first_call", spec, {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
                    for name, cache in (("cold", cold_cache), ("store", fresh_cache), ("warm", cold_cache))}
+        if aot:  # the ahead-of-time route: a build, then a load, each with an empty Inductor cache
+            spec = {**spec, "store": str(root / "aot-store"), "compile_mode": "aot"}
+            for name in ("aot build", "aot load"):
+                cache = str(root / f"inductor-{name.replace(' ', '-')}")
+                results[name] = _run_child("first_call", spec, {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
     return results
 
 
@@ -71,18 +91,25 @@ def format_warm_start(adapter: str, results: dict[str, dict[str, Any]]) -> str:
     """A table: first-call seconds, ratio to cold, graphs compiled / loaded,
     and whether the energies are bit-identical to the cold run's."""
     cold = results["cold"]
-    rows = [f"{adapter}: first call in a fresh process",
-            f"{'run':<6} {'first call s':>12} {'x cold':>7} {'compiled':>8} {'loaded':>6} {'identical':>9}"]
+    rows = [f"{adapter}: first call in a fresh process, then the median of 20 steady calls",
+            f"{'run':<9} {'first call s':>12} {'x cold':>7} {'compiled':>8} {'loaded':>6} {'steady ms':>9} "
+            f"{'x cold':>7} {'identical':>9}"]
     for name, r in results.items():
-        rows.append(f"{name:<6} {r['first_call_s']:>12.2f} {r['first_call_s'] / cold['first_call_s']:>7.3f} "
-                    f"{r['graphs_compiled']:>8} {r['graphs_loaded']:>6} {r['energy'] == cold['energy']!s:>9}")
+        # the AOT rows are compared with the AOT build (the process that built the package)
+        base = results.get("aot build", cold) if name.startswith("aot") else cold
+        same = r["energy"] == base["energy"] and r.get("forces") == base.get("forces")
+        rows.append(f"{name:<9} {r['first_call_s']:>12.2f} {r['first_call_s'] / cold['first_call_s']:>7.3f} "
+                    f"{r['graphs_compiled']:>8} {r['graphs_loaded']:>6} {r['steady_s'] * 1e3:>9.3f} "
+                    f"{r['steady_s'] / cold['steady_s']:>7.3f} {same!s:>9}")
     return "\n".join(rows)
 
 
 def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype: str | None, steps: int,
-                every: int, background: float | None, warm: int = 0) -> dict[str, Any]:
+                every: int, background: float | None, warm: int = 0, cap_policy: str = "headroom",
+                caps: dict[str, int] | None = None) -> dict[str, Any]:
     """A trajectory that gains one atom every ``every`` steps (a displaced
-    copy of a random atom), each step timed (the child's side)."""
+    copy of a random atom), each step timed (the child's side); ``caps``:
+    preset (a precompile's, as ``ddpad run`` reads them from its caps file)."""
     import ddpad
     import numpy as np
     import torch
@@ -95,7 +122,7 @@ def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype:
     rng = np.random.default_rng(0)
     times = []
     with ddpad.wrap(model, adapter, compile_cache=store, backend=backend, background_compile=background,
-                    warm_ladder=warm) as wrapped:
+                    warm_ladder=warm, cap_policy=cap_policy, caps=caps) as wrapped:
         for step in range(steps):
             if step and step % every == 0:
                 i = int(rng.integers(len(atoms)))
@@ -113,12 +140,13 @@ def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype:
             times.append(time.perf_counter() - t0)
     s = wrapped.stats
     after = times[1:]
-    grew = sorted({e.call for e in s.growths})
+    grew = sorted({e.call for e in [*s.growths, *s.fits]})  # (a fit compiles as a growth does)
     return {
         "atoms": [len(adapter.default_system()), len(atoms)], "times": times, "total_s": sum(times),
         "first_s": times[0], "max_after_first_s": max(after), "median_s": sorted(after)[len(after) // 2],
         "growth_steps": grew, "max_growth_s": max((times[i] for i in grew), default=0.0),
-        "growth_calls": s.growth_calls, "graphs_compiled": s.graphs_compiled, "graphs_loaded": s.graphs_loaded,
+        "growth_calls": s.growth_calls, "fit_calls": s.fit_calls, "mean_fill": s.mean_fill,
+        "graphs_compiled": s.graphs_compiled, "graphs_loaded": s.graphs_loaded,
         "compile_s": s.compile_seconds, "load_s": s.load_seconds, "background_started": s.background_started,
         "background_used": s.background_used, "background_wasted": s.background_wasted,
         "rungs_warmed": s.rungs_warmed, "rungs_used": s.rungs_used, "warm_s": s.warm_seconds,
@@ -126,9 +154,10 @@ def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype:
 
 
 def precompile_run(adapter_name: str, store: str, backend: str, device: str, dtype: str | None,
-                   rungs: int) -> dict[str, Any]:
+                   rungs: int, cap_policy: str = "headroom") -> dict[str, Any]:
     """``ddpad precompile``'s ladder for the adapter's default model and
-    system (the child's side): the caps and the next ``rungs`` rungs."""
+    system (the child's side): the caps and the next ``rungs`` rungs (tight:
+    fitted on the first call, as ``ddpad precompile`` does)."""
     import ddpad
     import torch
     from ddpad import adapters
@@ -138,8 +167,9 @@ def precompile_run(adapter_name: str, store: str, backend: str, device: str, dty
     model = adapter.random_model(getattr(torch, dtype) if dtype else None, device)
     atoms = adapter.default_system()
     t0 = time.perf_counter()
+    policy: Any = ddpad.TightPolicy(settle=1) if cap_policy == "tight" else cap_policy
     wrapped = ddpad.wrap(model, adapter, compile_cache=store, backend=backend, on_recompile="ignore",
-                         warm_ladder=rungs)
+                         warm_ladder=rungs, cap_policy=policy)
     wrapped(adapter.build_input(model, atoms), **adapter.call_options(False))
     wrapped.close()
     return {"seconds": time.perf_counter() - t0, "caps": wrapped.caps}
@@ -158,27 +188,35 @@ def _run_child(function: str, spec: dict[str, Any], env: dict[str, str]) -> dict
 
 def growing(adapter: str, *, steps: int = 200, every: int = 5, threshold: float = 0.9, rungs: int = 5,
             backend: str = "inductor", device: str = "cpu", dtype: str | None = None,
-            workdir: str | None = None) -> dict[str, dict[str, Any]]:
+            workdir: str | None = None, policies: tuple[str, ...] = ("headroom", "tight"),
+            ) -> dict[str, dict[str, Any]]:
     """The growing trajectory in fresh processes with empty stores and
     Inductor caches: growths compiled in the foreground; with background
     compiles of the next bucket at ``threshold`` fill; with a ladder of
     ``rungs`` warmed by the first call; and the same after a ``ddpad
     precompile`` of that ladder (its own process, timed apart as
-    ``precompile_s``), whose first call loads the rungs."""
+    ``precompile_s``), whose first call loads the rungs; each under every
+    cap policy of ``policies`` (a tight precompile's fitted caps are the
+    run's preset, as ``ddpad run`` reads them from the precompile's caps
+    file)."""
     results = {}
-    for name in ("foreground", "background", "warm", "precompiled"):
-        with tempfile.TemporaryDirectory(prefix="ddpad-grow-", dir=workdir) as tmp:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
-            common = {"adapter_name": adapter, "store": os.path.join(tmp, "store"), "backend": backend,
-                      "device": device, "dtype": dtype}
-            precompiled = (_run_child("precompile_run", {**common, "rungs": rungs}, env)
-                           if name == "precompiled" else None)
-            background = threshold if name == "background" else None
-            warm = rungs if name in ("warm", "precompiled") else 0
-            results[name] = _run_child("growing_run", {**common, "steps": steps, "every": every,
-                                                       "background": background, "warm": warm}, env)
-            if precompiled is not None:
-                results[name]["precompile_s"] = precompiled["seconds"]
+    for policy in policies:
+        for way in ("foreground", "background", "warm", "precompiled"):
+            name = way if policy == "headroom" else f"{policy} {way}"
+            with tempfile.TemporaryDirectory(prefix="ddpad-grow-", dir=workdir) as tmp:
+                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
+                common = {"adapter_name": adapter, "store": os.path.join(tmp, "store"), "backend": backend,
+                          "device": device, "dtype": dtype}
+                precompiled = (_run_child("precompile_run", {**common, "rungs": rungs, "cap_policy": policy}, env)
+                               if way == "precompiled" else None)
+                background = threshold if way == "background" else None
+                warm = rungs if way in ("warm", "precompiled") else 0
+                caps = precompiled["caps"] if precompiled is not None and policy == "tight" else None
+                results[name] = _run_child("growing_run", {
+                    **common, "steps": steps, "every": every, "background": background, "warm": warm,
+                    "cap_policy": policy, "caps": caps}, env)
+                if precompiled is not None:
+                    results[name]["precompile_s"] = precompiled["seconds"]
     return results
 
 
@@ -186,16 +224,17 @@ def format_growing(adapter: str, results: dict[str, dict[str, Any]]) -> str:
     """A table: total, first step, slowest later step over the median, and
     what compiled, loaded, ran in the background and was warmed."""
     first = next(iter(results.values()))
-    header = (f"{'growths':<11} {'total s':>8} {'first s':>8} {'slowest later s':>15} {'x median':>9} "
+    header = (f"{'growths':<17} {'total s':>8} {'first s':>8} {'slowest later s':>15} {'x median':>9} "
               f"{'slowest growth s':>16} {'x median':>9} {'compiled':>8} {'loaded':>6} {'bg started/used':>15} "
-              f"{'rungs warmed/used':>17}")
+              f"{'rungs warmed/used':>17} {'fill':>5}")
     rows = [f"{adapter}: {len(first['times'])} steps, {first['atoms'][0]} -> {first['atoms'][1]} atoms", header]
     for name, r in results.items():
-        rows.append(f"{name:<11} {r['total_s']:>8.1f} {r['first_s']:>8.1f} {r['max_after_first_s']:>15.2f} "
+        rows.append(f"{name:<17} {r['total_s']:>8.1f} {r['first_s']:>8.1f} {r['max_after_first_s']:>15.2f} "
                     f"{r['max_after_first_s'] / r['median_s']:>9.1f} {r['max_growth_s']:>16.4f} "
                     f"{r['max_growth_s'] / r['median_s']:>9.1f} {r['graphs_compiled']:>8} {r['graphs_loaded']:>6} "
                     f"{r['background_started']:>7}/{r['background_used']:<7} "
-                    f"{r.get('rungs_warmed', 0):>8}/{r.get('rungs_used', 0):<8}")
+                    f"{r.get('rungs_warmed', 0):>8}/{r.get('rungs_used', 0):<8} "
+                    f"{min((v for k, v in r.get('mean_fill', {}).items() if k != 'systems'), default=0):>5.3f}")
     return "\n".join(rows)
 
 
@@ -212,7 +251,9 @@ def plot_growing(adapter: str, results: dict[str, dict[str, Any]], path: str) ->
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, r in results.items():
-        ax.semilogy(range(len(r["times"])), r["times"], label=_LABELS.get(name, name))
+        way = name.removeprefix("tight ")
+        label = _LABELS.get(way, way) + (" (tight caps)" if way != name else "")
+        ax.semilogy(range(len(r["times"])), r["times"], label=label)
     ax.set_xlabel("step (one atom added every 5 steps)")
     ax.set_ylabel("step wall time (s)")
     ax.set_title(f"ddpad {adapter}: a growing system")

@@ -84,6 +84,20 @@ def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder 
         that fits and runs a ready graph: no stall in the run, a longer first
         call, and caps up to one rung larger than a growth alone would pick.
         Off under an agreement group.
+    cap_policy
+        ``"tight"``: after ten calls fit every cap to the needs seen (fill
+        about 0.97), then grow in small steps (a :class:`TightPolicy` sets
+        the window and margin); ``"headroom"``: the padders' own policies;
+        ``None`` (default): tight where a growth is cheap (``compile=False``,
+        a compile store, background compiles or a warm ladder), head room
+        otherwise.
+    compile_mode
+        ``"dynamo"`` (default): ``torch.compile``. ``"aot"``: each caps and
+        call form's whole step is traced, exported and compiled by
+        AOTInductor into a package (kept in ``compile_cache``, loaded by
+        later processes instead of traced); its first call in a process is
+        checked against the eager step; a step the route cannot take falls
+        back to ``torch.compile`` with one line saying why.
     **compile_kwargs
         Other keywords go to ``torch.compile``.
 

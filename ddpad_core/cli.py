@@ -462,7 +462,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                   if cached else "")
         print(f"caps loaded from {caps_path}{origin}: {caps_in}")
     compile_kwargs = _store_options(args) if not args.no_compile else {}
-    calc = Calculator(model, adapter, compile=not args.no_compile, caps=caps_in, **compile_kwargs)
+    # a caps file goes in as its path: it says whether a tight run fitted its caps
+    preset = caps_path if caps_in is not None else None
+    calc = Calculator(model, adapter, compile=not args.no_compile, caps=preset, cap_policy=args.cap_policy,
+                      **compile_kwargs)
     progress = _Progress(args.steps)
     wrapped = calc.wrapped
     assert wrapped is not None
@@ -513,9 +516,10 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{args.steps / elapsed:.2f} steps/s overall)")
     print(f"compiled graphs: {stats.graphs}; {_growth_summary(stats)}; "
           f"unexplained recompiles: {len(stats.unexplained)}")
-    if stats.store_hits or stats.store_misses or stats.rungs_warmed:  # not every backend stores
+    if stats.store_hits or stats.store_misses or stats.rungs_warmed or stats.aot_compiled or stats.aot_loaded \
+            or stats.aot_refused:  # not every backend stores
         print(_store_line(stats))
-    print("fill: " + ", ".join(f"{k} {stats.fill[k]:.2f} (cap {stats.caps[k]})" for k in sorted(stats.fill)))
+    print(_fill_line(stats, args.cap_policy))
     _save_caps(wrapped, caps_path)
     print(f"caps written to {caps_path} "
           + ("(the next run of this model on this system starts from them)" if cached
@@ -551,9 +555,24 @@ def _growth_summary(stats: Any) -> str:
     return f"growth calls: {stats.growth_calls} ({caps})"
 
 
+def _fill_line(stats: Any, policy: str) -> str:
+    """``fill (tight): atoms 0.99 (cap 516), ...``: real rows over the cap,
+    the mean over the steps since the caps last changed, and the call that
+    fitted them."""
+    fill = stats.mean_fill
+    line = f"fill ({policy}, mean since the caps last changed): " + ", ".join(
+        f"{k} {fill[k]:.3f} (cap {stats.caps[k]})" for k in sorted(fill))
+    if stats.fits:
+        changed = ", ".join(f"{e.key} {e.old} -> {e.new}" for e in stats.fits)
+        line += f"; caps fitted on step {stats.fits[0].call} ({changed})"
+    return line
+
+
 def _store_options(args: argparse.Namespace) -> dict[str, Any]:
     """Compile arguments: backend, compile store, background compiles."""
     options: dict[str, Any] = {"backend": args.backend}
+    if getattr(args, "aot", False):
+        options["compile_mode"] = "aot"
     if not args.no_compile_cache:
         options["compile_cache"] = args.compile_cache
         if getattr(args, "background_compile", None) is not None:
@@ -565,12 +584,16 @@ def _store_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _store_line(stats: Any) -> str:
     uncached = f" ({stats.graphs_uncached} past torch's caches)" if stats.graphs_uncached else ""
+    aot = (f"; ahead-of-time packages: {stats.aot_compiled} built in {stats.aot_seconds:.1f} s, {stats.aot_loaded} "
+           f"loaded in {stats.aot_load_seconds:.2f} s, {stats.aot_checked} checked against eager, "
+           f"{stats.aot_refused} call form(s) on torch.compile"
+           if stats.aot_compiled or stats.aot_loaded or stats.aot_refused else "")
     return (f"compile store: {stats.graphs_compiled} graph(s) compiled{uncached} in {stats.compile_seconds:.1f} s, "
             f"{stats.graphs_loaded} loaded in {stats.load_seconds:.1f} s ({stats.store_hits} hits, "
             f"{stats.store_misses} misses); background compiles: {stats.background_started} started, "
             f"{stats.background_used} used"
             + (f"; warm ladder: {stats.rungs_warmed} rung(s) in {stats.warm_seconds:.1f} s, {stats.rungs_used} "
-               "growth(s) took one" if stats.rungs_warmed else ""))
+               "growth(s) took one" if stats.rungs_warmed else "") + aot)
 
 
 def cmd_precompile(args: argparse.Namespace) -> int:
@@ -586,10 +609,15 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     model, what = _model(adapter, args.model, dtype, device, atoms, args.verbose)
     _check_fits(adapter, model, atoms)
 
-    from ddpad import wrap
+    from ddpad import TightPolicy, wrap
 
-    wrapped = wrap(model, adapter, caps=_load_caps(args.caps, adapter.name), compile_cache=args.compile_cache,
-                   backend=args.backend, on_recompile="ignore", warm_ladder=args.ladder)
+    preset = args.caps if _load_caps(args.caps, adapter.name) is not None else None  # checked first
+    # tight: the caps fitted to this system on the first call (a run's window is
+    # ten steps), written where ddpad run looks for them, so the run starts there
+    policy: Any = TightPolicy(settle=1) if args.cap_policy == "tight" else "headroom"
+    wrapped = wrap(model, adapter, caps=preset, compile_cache=args.compile_cache, backend=args.backend,
+                   on_recompile="ignore", warm_ladder=args.ladder, cap_policy=policy,
+                   compile_mode="aot" if args.aot else "dynamo")
     data = adapter.build_input(model, atoms)
     print(f"ddpad precompile {adapter.name}: {what}, device {device}, {dtype}, store {args.compile_cache}")
     t0 = time.perf_counter()
@@ -600,6 +628,9 @@ def cmd_precompile(args: argparse.Namespace) -> int:
         print(f"caps {caps}")
     print(f"{len(wrapped.rungs)} rung(s) in {warm:.1f} s")
     print(_store_line(wrapped.stats))
+    if args.caps is None:
+        print(f"caps written to {_save_caps(wrapped, _cached_caps_path(adapter.name, model, atoms))} "
+              "(ddpad run of this model on this system starts from them)")
     return 0
 
 
@@ -627,6 +658,45 @@ def _bench_compile_store(args: argparse.Namespace) -> int:
         json.dump({"adapter": adapter.name, "device": device, "warm_start": warm, "growing": grow}, fh, indent=1)
     plot_growing(adapter.name, grow, args.plot)
     print(f"report written to {args.out}, plot to {args.plot}")
+    return 0
+
+
+def _bench_system(adapter: Any, args: argparse.Namespace) -> tuple[str, Any, Any, str]:
+    """``ddpad bench``'s device, system (``--repeat``-ed), model and what the model is."""
+    device = _device(args.device)
+    dtype = _dtype(adapter, args.dtype)
+    base = _system(adapter, args.system)
+    if isinstance(base, (list, tuple)):
+        raise CliError("ddpad bench takes one system (one ase.Atoms); this file holds several")
+    if args.repeat != 1:
+        if not base.pbc.all():
+            raise CliError("--repeat needs a periodic system")
+        base = base * (args.repeat, args.repeat, args.repeat)
+    model, what = _model(adapter, args.model, dtype, device, base, args.verbose)
+    _check_fits(adapter, model, base)
+    return device, base, model, what
+
+
+def _bench_steady(args: argparse.Namespace) -> int:
+    """What the dead rows cost a steady step: eager, the unpadded compile at
+    the exact shape, ddpad at head-room and at tight caps, alternated."""
+    from ._bench import fluctuating_trajectory
+    from ._steady import format_steady, steady_table
+
+    adapter = _adapter(args.adapter, args.verbose)
+    device, base, model, what = _bench_system(adapter, args)
+    # the stretch a tight run fits its caps over: its ten-step window, rattled, no insertions
+    structures = fluctuating_trajectory(base, 10, args.rattle, 0.0, seed=args.seed)
+    print(f"ddpad bench {adapter.name} --steady: {len(base)} atoms, {what}, device {device}, backend "
+          f"{args.backend}, {_threads()} thread(s); variants alternated call by call on one frame", flush=True)
+    result = steady_table(adapter, model, structures, backend=args.backend, per_key=args.per_key,
+                          call_kwargs=adapter.call_options(False),
+                          on_variant=lambda name: print(f"compiling / warming {name}…", flush=True))
+    print(format_steady(result))
+    _output_path(args.out, "--out")
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump({**result, "model": what}, fh, indent=2)
+    print(f"wrote {args.out}")
     return 0
 
 
@@ -665,6 +735,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise CliError("ddpad bench needs an adapter name (see 'ddpad list'), or --overhead")
     if args.compile_store:
         return _bench_compile_store(args)
+    if args.steady:
+        return _bench_steady(args)
     adapter = _adapter(args.adapter, args.verbose)
     if args.steps < 2:
         raise CliError(f"--steps must be >= 2, got {args.steps}")
@@ -684,17 +756,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise CliError("ddpad bench plots with matplotlib: pip install matplotlib") from None
     for path, option in ((args.out, "--out"), (args.plot, "--plot")):
         _output_path(path, option)
-    device = _device(args.device)
-    dtype = _dtype(adapter, args.dtype)
-    base = _system(adapter, args.system)
-    if isinstance(base, (list, tuple)):
-        raise CliError("ddpad bench takes one system (one ase.Atoms); this file holds several")
-    if args.repeat != 1:
-        if not base.pbc.all():
-            raise CliError("--repeat needs a periodic system")
-        base = base * (args.repeat, args.repeat, args.repeat)
-    model, what = _model(adapter, args.model, dtype, device, base, args.verbose)
-    _check_fits(adapter, model, base)
+    device, base, model, what = _bench_system(adapter, args)
     structures = fluctuating_trajectory(base, args.steps, args.rattle, args.rate, seed=args.seed)
     print(f"ddpad bench {adapter.name}: {len(base)} atoms (+-{args.rate} insert/delete per step, "
           f"rattle {args.rattle} A), {args.steps} steps, {what}, device {device}, backend {args.backend}")
@@ -716,14 +778,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     result = run_bench(adapter, model, structures, backend=args.backend, variants=variants, on_variant=report)
     result.update(model=what, seed=args.seed, rattle=args.rattle, rate=args.rate, threads=_threads())
     print(f"{'variant':<16} {'total s':>9} {'compile s':>10} {'median ms':>10} {'graphs':>7} {'recomp':>7} "
-          f"{'ddpad faster by':>16}")
+          f"{'growths':>7} {'slowest x med':>13} {'fill':>6} {'ddpad faster by':>16}")
     for name, res in result["variants"].items():
         med = res["steady_median_s"]
         ratio = result["ddpad_speedup"].get(name, {}).get("total")
+        fills = [v for k, v in res["fill"].items() if k != "systems"]
+        slowest = res["slowest_later_s"] / med if med else float("nan")
         print(f"{name:<16} {res['total_s']:9.2f} {res['compile_s']:10.2f} "
               f"{(med * 1e3 if med else float('nan')):10.2f} {res['graphs']:7d} {res['recompiles']:7d} "
+              f"{res['growth_calls']:7d} {slowest:13.1f} {(f'{min(fills):.3f}' if fills else '-'):>6} "
               f"{(f'{ratio:.2f}x' if ratio else '-'):>16}")
-    print("ddpad faster by: this variant's total time / ddpad's (below 1: this variant was faster)")
+    print("growths: calls that grew or fitted caps; fill: the lowest key's real rows / cap (mean since the caps "
+          "last changed); ddpad faster by: this variant's total time / ddpad's (below 1: this variant was faster)")
     with open(args.out, "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=2)
     plot(result, args.plot)
@@ -764,6 +830,14 @@ def _store_arguments(parser: argparse.ArgumentParser) -> None:
                              f"compiling (default: {os.path.join(_cache_dir(), 'compile')})")
     parser.add_argument("--no-compile-cache", action="store_true",
                         help="neither read nor write the compile store (default: use it)")
+    parser.add_argument("--aot", action="store_true",
+                        help="ahead-of-time packages: each caps' whole step traced, exported and compiled by "
+                             "AOTInductor into the compile store, loaded by later runs without tracing; a step "
+                             "the route cannot take runs torch.compile, said in one line (default: torch.compile)")
+    parser.add_argument("--cap-policy", choices=["tight", "headroom"], default="tight",
+                        help="tight: after a few steps fit every cap to the needs seen (fill about 0.97) and "
+                             "grow in small steps; headroom: the padders' own caps (edges 35 %% above the need, "
+                             "growths of 30 %%), fewer compiles for a system that keeps growing (default: tight)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -852,7 +926,13 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--seed", type=int, default=0, help="random seed of the trajectory (default: 0)")
     p_bench.add_argument("--variants", metavar="A,B,...",
                          help="comma-separated subset of eager, compile-static, compile-dynamic, "
-                              "compile-default, native-padding, ddpad (default: all)")
+                              "compile-default, native-padding, ddpad (head room), ddpad-tight (default: all)")
+    p_bench.add_argument("--steady", action="store_true",
+                         help="what the dead rows cost a steady step: eager, the model compiled at the exact "
+                              "shape, ddpad at head-room and at tight caps, alternated on one frame (default: off)")
+    p_bench.add_argument("--per-key", action="store_true",
+                         help="with --steady: also the head-room caps with one key fitted at a time (rows vs "
+                              "neighbour columns; default: off)")
     p_bench.add_argument("--compile-store", action="store_true",
                          help="instead: first calls cold / from the store / warm, and a system growing by one "
                               "atom every 5 steps (--steps) with and without background compiles, each in fresh "

@@ -22,7 +22,7 @@ class and inherits every check::
 
 Each check is also a function (``check_exact``, ``check_dead_rows``,
 ``check_call_forms``, ``check_autograd``, ``check_empty_rejected``,
-``check_torchsim``) for use outside pytest classes. Needs pytest and ase;
+``check_torchsim``, ``check_tight``) for use outside pytest classes. Needs pytest and ase;
 the torch-sim check runs where torch-sim is installed and is skipped
 (saying so) where it is not.
 """
@@ -48,6 +48,7 @@ __all__ = [
     "check_empty_rejected",
     "check_exact",
     "check_graphs",
+    "check_tight",
     "check_torchsim",
     "default_trajectory",
 ]
@@ -78,11 +79,11 @@ def _options(adapter: Any) -> dict[str, Any]:
 
 
 def check_graphs(wrapped: PaddedModel) -> None:
-    """Compiled graphs are one plus one per growth call (per compiled frame),
+    """Compiled graphs are one plus one per growth (or fit) call (per compiled frame),
     nothing compiles on a call that grew no cap, and no recompile went
     unexplained."""
     stats = wrapped.stats
-    growth_calls = {e.call for e in stats.growths}
+    growth_calls = {e.call for e in [*stats.growths, *stats.fits]}  # (a tight fit compiles as a growth does)
     assert stats.max_graphs_per_frame == 1 + len(growth_calls), (
         f"{stats.graphs_per_frame} graphs per frame for {len(growth_calls)} growth calls"
     )
@@ -109,6 +110,29 @@ def check_exact(
         worst = max(worst, _compare(out, ref, atol=atol, rtol=rtol, where=f"step {step}"))
     check_graphs(wrapped)
     return wrapped, worst
+
+
+def check_tight(
+    adapter: Any, model: torch.nn.Module, trajectory: Sequence[Any], *, atol: float, rtol: float = 0.0,
+) -> PaddedModel:
+    """``trajectory`` through the padded model under ``cap_policy="tight"``
+    (fitted after two calls, so the rest of the trajectory runs at fitted
+    caps and grows from them), compared with the unpadded eager model at
+    every step. Not compiled: what tight caps change is how few dead rows
+    there are, which the padding alone decides. Returns the wrapped model."""
+    from ._capacity import TightPolicy
+
+    adapter = resolve_adapter(adapter)
+    wrapped = adapter.wrap(model, compile=False, cap_policy=TightPolicy(settle=2))
+    build = adapter.input_builder(model)
+    options = _options(adapter)
+    for step, structure in enumerate(trajectory):
+        data = build(structure)
+        ref = adapter.flat(adapter.reference(model, data, **options))
+        out = adapter.flat(wrapped(data, **options))
+        _compare(out, ref, atol=atol, rtol=rtol, where=f"step {step} (tight caps)")
+    assert wrapped.stats.fit_calls == 1, f"the caps were not fitted: {wrapped.stats.fits}"
+    return wrapped
 
 
 class PoisonedPadder:
@@ -341,6 +365,9 @@ class AdapterTests:
     def test_exact_with_one_graph_per_growth(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
         wrapped, _ = check_exact(resolved, model, trajectory, atol=self.atol, rtol=self.rtol, backend=self.backend)
         assert wrapped.stats.calls == len(trajectory)
+
+    def test_exact_under_tight_caps(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
+        check_tight(resolved, model, trajectory, atol=self.atol, rtol=self.rtol)
 
     def test_dead_rows_are_inert(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
         check_dead_rows(resolved, model, trajectory[0], scale=self.poison_scale)

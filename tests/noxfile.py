@@ -42,6 +42,8 @@ CORE_TESTS = [
     "tests/test_store_faults.py",
     "tests/test_threads.py",
     "tests/test_layout.py",
+    "tests/test_tight.py",
+    "tests/test_aot.py",
 ]
 
 

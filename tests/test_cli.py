@@ -50,7 +50,7 @@ def test_list_shows_missing_packages_with_hints() -> None:
 
 
 def test_run_writes_caps_trajectory_and_numbers(tmp_path: pathlib.Path) -> None:
-    res = ddpad("run", "toy", "--steps", "8", "--backend", "eager", "--traj", "md.xyz", "--traj-every", "2",
+    res = ddpad("run", "toy", "--steps", "12", "--backend", "eager", "--traj", "md.xyz", "--traj-every", "2",
                 "--json", "run.json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "RANDOMLY INITIALISED" in res.stdout and "compiled graphs:" in res.stdout
@@ -59,7 +59,10 @@ def test_run_writes_caps_trajectory_and_numbers(tmp_path: pathlib.Path) -> None:
     assert "FutureWarning" not in res.stderr and "UserWarning" not in res.stderr, res.stderr
     assert "ddpad: warning: plugin adapter 'mace'" in res.stderr and "return adapters" not in res.stderr
     doc = json.loads((tmp_path / "run.json").read_text())
-    assert doc["steps"] == 8 and doc["calls"] >= 9 and doc["graphs"] >= 1 and doc["unexplained"] == []
+    assert doc["steps"] == 12 and doc["calls"] >= 13 and doc["graphs"] >= 1 and doc["unexplained"] == []
+    # tight caps (ddpad run's default): fitted on the window's last step, the fill said per key
+    fill = next(line for line in res.stdout.splitlines() if line.startswith("fill (tight"))
+    assert "caps fitted on step 9" in fill and doc["fits"] and min(doc["mean_fill"].values()) > 0.5
     # the compile is announced before it starts, with the caps, and timed
     lines = res.stdout.splitlines()
     i = next(i for i, line in enumerate(lines) if line.startswith("compiling toy at caps {"))
@@ -73,12 +76,12 @@ def test_run_writes_caps_trajectory_and_numbers(tmp_path: pathlib.Path) -> None:
     assert f"caps written to {cached} (the next run of this model on this system starts from them)" in res.stdout
     assert doc["caps_file"] == str(cached) and doc["growth_calls"] == 0
     caps = json.loads(cached.read_text())
-    assert caps["adapter"] == "toy" and set(caps["caps"]) == {"atoms", "edges", "systems"}
+    assert caps["adapter"] == "toy" and set(caps["caps"]) == {"atoms", "edges", "systems"} and caps["fitted"]
     (tmp_path / "ddpad-toy-caps.json").write_text(cached.read_text())
     import ase.io
 
     frames = ase.io.read(tmp_path / "md.xyz", index=":")
-    assert len(frames) == 5 and len(frames[0]) == 27
+    assert len(frames) == 7 and len(frames[0]) == 27
     # warm restart from the caps file, with a warm ladder above it: nothing grows
     again = ddpad("run", "toy", "--steps", "4", "--backend", "eager", "--caps", "ddpad-toy-caps.json",
                   "--json", "warm.json", "--warm-ladder", "2", cwd=tmp_path)
@@ -102,27 +105,33 @@ def test_bench_json_schema_and_plot(tmp_path: pathlib.Path) -> None:
     assert res.returncode == 0, res.stderr
     # a line as each variant starts and one as it ends, with a rough time left
     out = res.stdout
-    names = ["eager", "compile-static", "compile-dynamic", "compile-default", "ddpad"]
-    starts = re.findall(r"^\[(\d)/5\] (\S+): 12 steps…$", out, re.MULTILINE)
-    ends = re.findall(r"^\[(\d)/5\] (\S+): [\d.]+ s \(compile [\d.]+ s\), \d+ graphs?(; roughly \S+ \w+ left)?$",
+    names = ["eager", "compile-static", "compile-dynamic", "compile-default", "ddpad", "ddpad-tight"]
+    starts = re.findall(r"^\[(\d)/6\] (\S+): 12 steps…$", out, re.MULTILINE)
+    ends = re.findall(r"^\[(\d)/6\] (\S+): [\d.]+ s \(compile [\d.]+ s\), \d+ graphs?(; roughly \S+ \w+ left)?$",
                       out, re.MULTILINE)
     assert [name for _, name in starts] == [name for _, name, _ in ends] == names
-    assert [bool(left) for _, _, left in ends] == [False, True, True, True, False]
-    tagged = [line for line in out.splitlines() if re.match(r"\[\d/5\] ", line)]
+    assert [bool(left) for _, _, left in ends] == [False, True, True, True, True, False]
+    tagged = [line for line in out.splitlines() if re.match(r"\[\d/6\] ", line)]
     assert all(line.endswith("12 steps…") for line in tagged[0::2])  # start, end, start, end ...
     assert not any(line.endswith("12 steps…") for line in tagged[1::2])
     assert "ddpad faster by" in out
     doc = json.loads((tmp_path / "ddpad-bench.json").read_text())
     assert (tmp_path / "ddpad-bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the toy package has no padding of its own: no native-padding variant
-    assert set(doc["variants"]) == {"eager", "compile-static", "compile-dynamic", "compile-default", "ddpad"}
+    assert set(doc["variants"]) == {"eager", "compile-static", "compile-dynamic", "compile-default", "ddpad",
+                                    "ddpad-tight"}
     assert doc["steps"] == 12 and len(set(doc["atoms"])) > 1  # the atom count fluctuated
     for variant in doc["variants"].values():
         assert set(variant) >= {"total_s", "compile_s", "steady_median_s", "graphs", "recompiles", "peak_memory_mb"}
         assert len(variant["cumulative_s"]) == 12 and variant["total_s"] > 0
     assert doc["variants"]["eager"]["graphs"] == 0
     assert doc["variants"]["compile-static"]["recompiles"] > doc["variants"]["ddpad"]["recompiles"]
-    assert set(doc["ddpad_speedup"]) == {"eager", "compile-static", "compile-dynamic", "compile-default"}
+    assert set(doc["ddpad_speedup"]) == {"eager", "compile-static", "compile-dynamic", "compile-default",
+                                         "ddpad-tight"}
+    # the padded variants say their fill; tight fills more of its caps than head room
+    head, tight = doc["variants"]["ddpad"]["fill"], doc["variants"]["ddpad-tight"]["fill"]
+    assert set(head) == set(tight) >= {"atoms", "edges"} and tight["edges"] > head["edges"]
+    assert re.search(r"^ddpad-tight .* 0\.\d{3} ", out, re.MULTILINE)
 
 
 def test_bench_plot_legend_off_the_curves_integer_ticks() -> None:

@@ -179,7 +179,8 @@ def _alive(pid: int) -> bool:
 
 def test_background_worker_starts_at_the_threshold_and_close_stops_it(tmp_path: pathlib.Path) -> None:
     model = _model()
-    wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=tmp_path, background_compile=0.5)
+    wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=tmp_path, background_compile=0.5,
+                         cap_policy="headroom")
     with wrapped:
         wrapped(_data(model))
         assert wrapped.stats.background_started >= 1  # edges fill 0.73 > 0.5
@@ -198,7 +199,8 @@ def test_background_workers_do_not_outlive_their_run(tmp_path: pathlib.Path, end
         from test_compile_store import _data, _model
         model = _model()
         wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=sys.argv[1],
-                             background_compile=0.5)
+                             background_compile=0.5,
+                         cap_policy="headroom")
         wrapped(_data(model))
         print(" ".join(str(p.pid) for p in wrapped.background.running.values()), flush=True)
         if {ending!r} == "killed":
@@ -225,7 +227,8 @@ _FIRST_CALL = textwrap.dedent("""
     from test_compile_store import _data, _model
     model = _model()
     warm = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_cache=sys.argv[1], on_recompile="raise", warm_ladder=warm)
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_cache=sys.argv[1], on_recompile="raise", warm_ladder=warm,
+                         cap_policy="headroom")
     out = wrapped(_data(model))
     s = wrapped.stats
     print(json.dumps({"compiled": s.graphs_compiled, "loaded": s.graphs_loaded, "hits": s.store_hits,
@@ -291,7 +294,8 @@ def test_a_growth_loads_what_a_background_worker_compiled(tmp_path: pathlib.Path
     and the result matches the eager model."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # the worker inherits it
     model = _model()
-    with ddpad.wrap(model, toy.ADAPTER, compile_cache=tmp_path / "store", background_compile=0.7) as wrapped:
+    with ddpad.wrap(model, toy.ADAPTER, compile_cache=tmp_path / "store", background_compile=0.7,
+                    cap_policy="headroom") as wrapped:
         wrapped(_data(model, 20))  # 300 edges: cap 416
         assert wrapped.stats.background_started == 1 and wrapped.background is not None
         (worker,) = wrapped.background.running.values()
@@ -367,7 +371,8 @@ def test_a_warm_ladder_serves_every_growth_without_a_compile(tmp_path: pathlib.P
     exactly."""
     model = _model()
     frames = _growing(model, 40)
-    wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", on_recompile="raise", warm_ladder=5)
+    wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", on_recompile="raise", warm_ladder=5,
+                         cap_policy="headroom")
     for data in frames:
         out = wrapped(data)
         ref = model(data)
@@ -395,11 +400,12 @@ class _Fussy(toy.Morse):
 
 def test_a_warm_ladder_stops_below_ceilings_and_a_failing_rung(caplog: pytest.LogCaptureFixture) -> None:
     model = _Fussy(3.0).double()
-    capped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", warm_ladder=4, max_caps={"edges": 1300})
+    capped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", warm_ladder=4, max_caps={"edges": 1300},
+                        cap_policy="headroom")
     out = capped(_data(model))
     assert [r["edges"] for r in capped.rungs] == [928, 1216] and capped.stats.rungs_warmed == 2
     with caplog.at_level(logging.WARNING, logger="ddpad"):
-        failing = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", warm_ladder=4)
+        failing = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", warm_ladder=4, cap_policy="headroom")
         assert torch.equal(failing(_data(model))["energy"], out["energy"])  # the first call's result stands
     assert [r["atoms"] for r in failing.rungs] == [64, 96] and failing.stats.rungs_warmed == 2
     assert "warming caps {'atoms': 128" in caplog.text and "out of memory (simulated)" in caplog.text
@@ -435,7 +441,8 @@ def test_a_background_worker_grows_the_system_count_when_it_fills(tmp_path: path
     import dataclasses
 
     model = _model()
-    wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=tmp_path, background_compile=0.9)
+    wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=tmp_path, background_compile=0.9,
+                         cap_policy="headroom")
     assert wrapped.background is not None
     started: list[dict[str, int]] = []
     monkeypatch.setattr(wrapped.background, "_start", lambda owner, target, *rest: started.append(dict(target)))

@@ -15,14 +15,14 @@ CORE = pathlib.Path(__file__).resolve().parents[1] / "ddpad_core"
 ORDER = [
     "_version", "_noise", "_fs", "_protocol", "_agreement", "_capacity", "_context",
     "_padders",
-    "_ladder", "_stats", "_caps_file", "_memory", "_shrink", "_store", "_strict", "_compile",
+    "_ladder", "_stats", "_caps_file", "_memory", "_shrink", "_store", "_strict", "_compile", "_aot",
     "_warm", "_background", "_options", "_padded", "_wrap", "_evaluator", "_worker",
-    "ase", "torchsim", "testing", "engines", "_overhead", "_bench", "_warmstart", "cli", "__main__",
+    "ase", "torchsim", "testing", "engines", "_overhead", "_bench", "_warmstart", "_steady", "cli", "__main__",
 ]
 # the package's public face: it imports everything, and what imports
 # ``ddpad`` itself reads only its public names, lazily, from the top layers
 PUBLIC = "__init__"
-PUBLIC_READERS = {"_bench", "_warmstart", "cli", "testing"}
+PUBLIC_READERS = {"_bench", "_warmstart", "_steady", "cli", "testing"}
 # ``ddpad.adapters`` is looked up by name through its registry (lazily)
 OUTSIDE = {"adapters"}
 

@@ -370,6 +370,25 @@ def test_dense_reused_buffers_equal_a_fresh_pad(steps: list[tuple[int, int]], cl
             assert torch.equal(out[key], ref[key]), key
 
 
+@pytest.mark.parametrize("cls", [DensePadder, DenseBatchPadder])
+def test_a_dense_padders_dead_system_always_holds_a_dead_atom(cls: type[DensePadder]) -> None:
+    """placement='own' pads a dead system; a cap that leaves room for the pad
+    row alone left it empty, and AIMNet2 (eager) counts its systems from the
+    atoms' labels: 'The size of tensor a (12) must match the size of tensor
+    b (8)' at 50 atoms and an atom cap of 51. Now the atoms cap keeps a row
+    for the dead system at any need, tight or head room."""
+    gen = torch.Generator().manual_seed(0)
+    padder = dense_padder(cls, "own")
+    data = _dense_step(cls, 20, 5, gen)
+    rows = 21 if cls is DensePadder else 20  # real atoms plus the pad row, no more
+    state = {"atoms": rows, "neighbors": 8, "systems": 4}
+    out = padder.pad(data, state)
+    dead = state["systems"] - 1
+    labels = out["mol_idx"][:-1] if cls is DensePadder else out["mol_idx"]
+    assert bool((labels == dead).any()), (state, out["mol_idx"].tolist())
+    assert state["atoms"] > rows
+
+
 POISON = -777
 
 

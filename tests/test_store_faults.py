@@ -95,7 +95,8 @@ def test_a_read_only_store_turns_background_compiles_off_once(
     """Before: ``Background._start`` created its folder unguarded (the step
     raised), and a full disk was reported as "cannot be pickled", once per key."""
     model = _model()
-    wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=read_only, background_compile=0.5)
+    wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=read_only, background_compile=0.5,
+                         cap_policy="headroom")
     with caplog.at_level(logging.WARNING, logger="ddpad"), wrapped:
         out = wrapped(_data(model))
         wrapped(_data(model, 30))
@@ -213,7 +214,7 @@ def test_background_logs_are_bounded(tmp_path: pathlib.Path) -> None:
 def test_a_finished_background_worker_leaves_no_log(tmp_path: pathlib.Path) -> None:
     model = _model()
     with ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=tmp_path,
-                    background_compile=0.5) as wrapped:
+                    background_compile=0.5, cap_policy="headroom") as wrapped:
         wrapped(_data(model))
         background = wrapped.background
         assert background is not None and background.running

@@ -7,6 +7,8 @@ and reroutes sentinel neighbours; no device value is read on the host.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -114,11 +116,15 @@ class DensePadder(PadderBase):
     ) -> None:
         if not nbmat:
             raise ValueError("nbmat must name at least one neighbour-matrix field")
+        atoms_policy = atoms_policy or (DENSE_ATOMS_POLICY if self.sentinel_row else BATCH_ATOMS_POLICY)
+        if placement == "own":  # the dead system needs an atom row of its own besides the pad row: a model
+            # that sizes its per-system sums from the labels (AIMNet2, eager) miscounts an empty one
+            atoms_policy = dataclasses.replace(atoms_policy, extra=atoms_policy.extra + 1)
         super().__init__(
             atom_fields=atom_fields or {}, system_fields=system_fields or {}, ptr=ptr,
             system_count=system_count, placement=placement, atom_outputs=atom_outputs,
             system_outputs=system_outputs,
-            atoms_policy=atoms_policy or (DENSE_ATOMS_POLICY if self.sentinel_row else BATCH_ATOMS_POLICY),
+            atoms_policy=atoms_policy,
             systems_policy=systems_policy, atoms_key=atoms_key, systems_key=systems_key,
             dead=dense_dead_rows(self.sentinel_row, dead_length),
         )

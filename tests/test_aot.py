@@ -1,0 +1,157 @@
+"""``compile_mode="aot"``: ahead-of-time packages per caps and call form, on
+the toy plugin model (an AOTInductor build of it takes seconds; real models
+take minutes to tens of minutes here, behind the ``inductor`` marker)."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+import torch
+
+import ddpad
+import ddpad_toy_plugin as toy
+
+
+def _frames(model: torch.nn.Module, count: int, rattle: float = 0.02) -> list[dict[str, torch.Tensor]]:
+    system = toy.ADAPTER.default_system()
+    gen = torch.Generator().manual_seed(0)
+    frames = []
+    for _ in range(count):
+        atoms = system.copy()
+        atoms.positions += (torch.randn(len(atoms), 3, generator=gen, dtype=torch.float64) * rattle).numpy()
+        frames.append(toy.ADAPTER.build_input(model, atoms))
+    return frames
+
+
+def _same(out: dict[str, Any], ref: dict[str, Any], atol: float = 1e-10) -> None:
+    for key in ("energy", "forces", "atom_energy"):
+        torch.testing.assert_close(out[key], ref[key].detach(), rtol=0, atol=atol)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """One store for the module: the toy's package is built once."""
+    return tmp_path_factory.mktemp("aot-store")
+
+
+def test_steady_calls_run_the_package_exactly(store: pathlib.Path) -> None:
+    model = toy.ADAPTER.random_model()
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=store, cap_policy="headroom")
+    for data in _frames(model, 6):
+        _same(wrapped(data), model({k: v.clone() for k, v in data.items()}))
+    s = wrapped.stats
+    assert (s.aot_compiled + s.aot_loaded, s.aot_checked, s.aot_refused) == (1, 1, 0)
+    assert s.graphs == 0  # no Dynamo on the call path
+
+
+def test_another_process_loads_the_package_bit_for_bit(store: pathlib.Path) -> None:
+    script = textwrap.dedent("""
+        import json, sys, torch, ddpad, ddpad_toy_plugin as toy
+        sys.path.insert(0, sys.argv[2])
+        from test_aot import _frames
+        torch.manual_seed(0)
+        model = toy.ADAPTER.random_model()
+        wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=sys.argv[1],
+                             cap_policy="headroom")
+        out = wrapped(_frames(model, 1)[0])
+        s = wrapped.stats
+        print(json.dumps({"compiled": s.aot_compiled, "loaded": s.aot_loaded, "graphs": s.graphs,
+                          "forces": out["forces"].tolist(), "energy": out["energy"].tolist()}))
+    """)
+    import json
+
+    runs = []
+    for _ in range(2):
+        res = subprocess.run([sys.executable, "-c", script, str(store / "procs"), str(pathlib.Path(__file__).parent)],
+                             capture_output=True, text=True, timeout=600, check=False)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    built, loaded = runs
+    assert (built["compiled"], built["loaded"]) == (1, 0) and (loaded["compiled"], loaded["loaded"]) == (0, 1)
+    assert built["graphs"] == loaded["graphs"] == 0
+    assert loaded["forces"] == built["forces"] and loaded["energy"] == built["energy"]
+
+
+class _Branchy(toy.Morse):
+    """A data-dependent branch: fake tracing cannot take it."""
+
+    def forward(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = super().forward(data)
+        if bool(out["energy"].sum() > 1e9):
+            out["energy"] = out["energy"] * 0
+        return out
+
+
+def test_a_data_dependent_branch_falls_back_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    model = _Branchy(3.0).double()
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", backend="aot_eager", cap_policy="headroom")
+    frames = _frames(model, 3)
+    with caplog.at_level(logging.WARNING, logger="ddpad"):
+        outs = [wrapped(data) for data in frames]
+    for out, data in zip(outs, frames):
+        _same(out, model({k: v.clone() for k, v in data.items()}))
+    lines = [r.getMessage() for r in caplog.records if "compile_mode='aot' falls back" in r.getMessage()]
+    assert len(lines) == 1 and "tracing the step failed" in lines[0], lines
+    s = wrapped.stats
+    assert s.aot_refused == 1 and s.aot_compiled == 0 and s.graphs >= 1  # torch.compile took the steps
+
+
+def test_a_caller_who_differentiates_the_energy_falls_back(caplog: pytest.LogCaptureFixture) -> None:
+    model = toy.ADAPTER.random_model()
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", backend="aot_eager", cap_policy="headroom")
+    data = _frames(model, 1)[0]
+    data["pos"].requires_grad_(True)
+    with caplog.at_level(logging.WARNING, logger="ddpad"):
+        wrapped(data)
+    assert wrapped.stats.aot_refused == 1 and "differentiates" in caplog.text
+
+
+def test_a_package_that_disagrees_with_the_eager_step_is_not_used(store: pathlib.Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    from ddpad import _aot
+
+    model = toy.ADAPTER.random_model()
+    original = _aot._Package.__call__
+
+    def off(self: Any, leaves: list[torch.Tensor]) -> Any:
+        out = original(self, leaves)
+        return {**out, "energy": out["energy"] + 1e-3}
+
+    monkeypatch.setattr(_aot._Package, "__call__", off)
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=store, backend="aot_eager",
+                         cap_policy="headroom")
+    data = _frames(model, 1)[0]
+    with caplog.at_level(logging.WARNING, logger="ddpad"):
+        out = wrapped(data)
+        again = wrapped(data)
+    ref = model({k: v.clone() for k, v in data.items()})
+    _same(out, ref)
+    _same(again, ref)
+    assert wrapped.stats.aot_refused == 1 and "disagrees with the eager step" in caplog.text
+
+
+def test_other_weights_are_another_package(store: pathlib.Path) -> None:
+    first, other = toy.ADAPTER.random_model(), toy.ADAPTER.random_model()
+    with torch.no_grad():
+        other.depth += 0.1
+    data = _frames(first, 1)[0]
+    a = ddpad.wrap(first, toy.ADAPTER, compile_mode="aot", compile_cache=store, cap_policy="headroom")
+    b = ddpad.wrap(other, toy.ADAPTER, compile_mode="aot", compile_cache=store, cap_policy="headroom")
+    a(data)
+    b(data)
+    assert b.stats.aot_loaded == 0 and b.stats.aot_compiled == 1 and b.stats.aot_refused == 0
+
+
+def test_compile_mode_is_checked() -> None:
+    model = toy.ADAPTER.random_model()
+    with pytest.raises(ValueError, match="compile_mode"):
+        ddpad.wrap(model, toy.ADAPTER, compile_mode="jit")
+    with pytest.raises(TypeError, match="compile=False"):
+        ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile=False)
