@@ -155,3 +155,21 @@ def test_compile_mode_is_checked() -> None:
         ddpad.wrap(model, toy.ADAPTER, compile_mode="jit")
     with pytest.raises(TypeError, match="compile=False"):
         ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile=False)
+
+
+def test_ddpad_run_aot_builds_then_loads(tmp_path: pathlib.Path) -> None:
+    """``ddpad run --aot`` twice: the first run builds its packages (the first
+    caps, then the fitted ones), the second starts from the fitted caps and
+    loads its one package, building nothing and compiling no graph."""
+    import json
+
+    from test_cli import ddpad as cli
+
+    runs = []
+    for name in ("first.json", "second.json"):
+        res = cli("run", "toy", "--aot", "--steps", "12", "--json", name, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        runs.append(json.loads((tmp_path / name).read_text()))
+    first, second = runs
+    assert first["aot_compiled"] == 2 and first["aot_refused"] == 0 and first["graphs"] == 0
+    assert (second["aot_compiled"], second["aot_loaded"], second["graphs"]) == (0, 1, 0)
