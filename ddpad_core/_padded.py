@@ -308,14 +308,18 @@ class PaddedModel(torch.nn.Module):
         ``source``, the caller's input, says whether the caller differentiates
         the outputs), else the compiled model."""
         if self.aot is not None:
-            return self.aot.run(data, args, kwargs, source, lambda: self._compiled_step(data, args, kwargs))
+            return self.aot.run(data, args, kwargs, source, lambda: self._fallback_step(data, args, kwargs))
+        return self._compiled_step(data, args, kwargs)
+
+    def _fallback_step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A step the ahead-of-time route refused: ``torch.compile``, built on the first one."""
+        later = self.__dict__.pop("_compile_later", None)
+        if later is not None:
+            region, compile_kwargs = later
+            self.compiled = compile_model(self.model, self.stats, region, self.store_binding, **compile_kwargs)
         return self._compiled_step(data, args, kwargs)
 
     def _compiled_step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        later = self.__dict__.pop("_compile_later", None)
-        if later is not None:  # the first step the ahead-of-time route refused
-            region, compile_kwargs = later
-            self.compiled = compile_model(self.model, self.stats, region, self.store_binding, **compile_kwargs)
         if self.store_binding is None:
             return run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
         try:

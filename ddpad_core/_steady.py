@@ -55,7 +55,6 @@ def steady_table(adapter: Any, model: torch.nn.Module, structures: list[Any], *,
     headroom = _caps_after(adapter, model, inputs[:1], "headroom", kwargs)
     tight = _caps_after(adapter, model, inputs, TightPolicy(settle=len(inputs)), kwargs)
     steps: dict[str, Callable[[], Any]] = {"eager": lambda: adapter.reference(model, target, **kwargs)}
-    caps: dict[str, dict[str, int]] = {}
     unpadded = UnpaddedCompiled(model, adapter, backend=backend, dynamic=False)
     steps["unpadded"] = lambda: unpadded(target, **kwargs)
     variants = {"headroom": headroom, "tight": tight}
@@ -66,7 +65,7 @@ def steady_table(adapter: Any, model: torch.nn.Module, structures: list[Any], *,
     for name, preset in variants.items():  # preset caps, held: no growth on the target frame
         padded = wrap(model, adapter, backend=backend, caps=preset, cap_policy="headroom", on_recompile="ignore")
         steps[name] = lambda padded=padded: padded(target, **kwargs)
-        caps[name], padded_models[name] = preset, padded
+        padded_models[name] = padded
     for name, step in steps.items():  # compile (and a first steady call) before any timing
         if on_variant is not None:
             on_variant(name)
@@ -84,7 +83,7 @@ def steady_table(adapter: Any, model: torch.nn.Module, structures: list[Any], *,
     median = {name: statistics.median(ts) for name, ts in times.items()}
     base, eager = median["unpadded"], median["eager"]
     rows = {name: {"median_ms": median[name] * 1e3, "vs_unpadded": median[name] / base,
-                   "vs_eager": median[name] / eager, "caps": caps.get(name),
+                   "vs_eager": median[name] / eager, "caps": variants.get(name),
                    "fill": padded_models[name].stats.mean_fill if name in padded_models else {}}
             for name in steps}
     return {"adapter": adapter.name, "device": str(device), "backend": backend, "threads": torch.get_num_threads(),
