@@ -166,11 +166,14 @@ class AotRoute:
         self.key = f"{model_key}-{weights_digest(model)}" if store is not None else None
         self.packages: dict[tuple[Any, ...], _Package] = {}  # by _form
         self.refused: dict[tuple[Any, ...], str] = {}  # call form -> why
+        self.waiting: set[tuple[Any, ...]] = set()  # forms whose package another process builds
 
     def run(self, padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any], data: Any,
-            fallback: Callable[[], Any]) -> Any:
+            fallback: Callable[[], Any], elsewhere: Callable[[str], str | None] | None = None) -> Any:
         """The step at ``padded``'s caps through its package; ``fallback()``
-        (the ``torch.compile`` path) where the route cannot take it."""
+        (the ``torch.compile`` path) where the route cannot take it, and
+        while ``elsewhere`` (given a package's signature: None while it is
+        built in another process, ``""`` once built, else why not) builds it."""
         one = _Call.of(padded, args, kwargs)
         key = _form(one)
         package = self.packages.get(key)
@@ -183,7 +186,17 @@ class AotRoute:
             if _differentiable(data):
                 raise Refused("the caller differentiates the returned outputs (an input requires grad); "
                               "a package returns plain tensors")
-            package = self._obtain(one, _signature(key))
+            signature = _signature(key)
+            if elsewhere is not None and self.store is not None:
+                if key in self.waiting or self._stored(signature) is None:
+                    self.waiting.add(key)
+                    why = elsewhere(signature)
+                    if why is None:  # still building: this process runs torch.compile meanwhile
+                        return fallback()
+                    self.waiting.discard(key)
+                    if why:
+                        raise Refused(why)
+            package = self._obtain(one, signature)
         except Refused as exc:
             return self._refuse(form, str(exc), fallback)
         out = package(one.tensors)
@@ -220,6 +233,12 @@ class AotRoute:
                         return package
                 return self._build(one, path)
         return self._build(one, None)
+
+    def _stored(self, signature: str) -> Any:
+        """The store's entry path of ``signature`` if it exists, else None."""
+        assert self.store is not None and self.key is not None
+        path = self.store.entry(self.key, f"aot-{signature}")
+        return path if path.exists() else None
 
     def _load(self, path: Any) -> _Package | None:
         assert self.store is not None
@@ -258,13 +277,16 @@ class AotRoute:
             return [x.detach() if isinstance(x, torch.Tensor) else x for x in flat_out]
 
         tensors = one.tensors
+        phases = [t0]  # trace, export, AOTInductor: logged, for where a build's time goes
         try:
             gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*tensors)
         except Exception as exc:  # noqa: BLE001 - a data-dependent branch, an untraceable op
             raise Refused(f"tracing the step failed ({type(exc).__name__}: {_first_line(exc)})") from exc
         try:
             inputs = tuple(t.detach() for t in tensors)
+            phases.append(time.perf_counter())
             exported = torch.export.export(gm, inputs, strict=False)
+            phases.append(time.perf_counter())
             with tempfile.TemporaryDirectory(prefix="ddpad-aot-") as tmp:
                 built = torch._inductor.aoti_compile_and_package(
                     exported, package_path=os.path.join(tmp, "step.pt2"))
@@ -278,7 +300,9 @@ class AotRoute:
         runner = _load_package(blob)
         self.stats.aot_compiled += 1
         self.stats.aot_seconds += time.perf_counter() - t0
-        log.info("built an ahead-of-time package in %.1f s (%d bytes)", time.perf_counter() - t0, len(blob))
+        phases.append(time.perf_counter())
+        log.info("built an ahead-of-time package in %.1f s (trace %.1f s, export %.1f s, AOTInductor %.1f s; "
+                 "%d bytes)", phases[-1] - t0, *(b - a for a, b in zip(phases, phases[1:])), len(blob))
         return _Package(runner, out_spec)
 
 

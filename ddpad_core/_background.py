@@ -35,7 +35,7 @@ import torch
 from ._capacity import CapResolution, TightCaps
 from ._ladder import Ladder, ladder, next_caps
 
-__all__ = ["Background"]
+__all__ = ["PACKAGE_BUILD", "Background", "PackageBuilds", "WorkerError", "launch", "write_spec"]
 
 log = logging.getLogger("ddpad")
 
@@ -54,8 +54,10 @@ class Background:
     """The background compiles of one :class:`~ddpad.PaddedModel`."""
 
     def __init__(self, owner: _Owner, ladder: Ladder, store_root: pathlib.Path, threshold: float, workers: int,
-                 compile_kwargs: Mapping[str, Any], sizer: TightCaps | None = None) -> None:
+                 compile_kwargs: Mapping[str, Any], sizer: TightCaps | None = None,
+                 options: Mapping[str, Any] | None = None) -> None:
         self.ladder = ladder
+        self.options = dict(options or {})  # the worker's wrap options (compile_mode="aot": it builds packages)
         self.sizer = sizer  # a tight sizing's rungs are its fine ones
         self.store_root = store_root
         self.threshold = threshold
@@ -72,16 +74,8 @@ class Background:
     def after_call(self, owner: _Owner, data: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
                    resolved: list[CapResolution]) -> None:
         """Reap finished workers; start workers for caps whose fill passed the threshold."""
-        for target, proc in list(self.running.items()):
-            if proc.poll() is not None:
-                del self.running[target]
-                log_path = self.logs.pop(target)
-                if proc.returncode == 0:  # its log said nothing anyone needs
-                    with contextlib.suppress(OSError):
-                        log_path.unlink()
-                else:
-                    log.warning("a background compile for caps %s failed (exit %s); see %s",
-                                dict(target), proc.returncode, log_path)
+        for target in _reap(self.running, self.logs):
+            log.warning("a background compile for caps %s failed; see %s", dict(target), self.logs.pop(target))
         if self.sizer is not None and not self.sizer.settled:
             return  # rungs above caps about to be fitted would never be reached
         current = tuple(sorted(owner.cap_state.items()))
@@ -101,42 +95,20 @@ class Background:
 
     def _start(self, owner: _Owner, target: _Target, data: Any, args: tuple[Any, ...],
                kwargs: Mapping[str, Any]) -> None:
-        from ddpad import adapters
-
-        adapter: Any = owner.adapter.name
-        with contextlib.suppress(Exception):
-            if adapters.get(adapter) is not owner.adapter:
-                adapter = owner.adapter
-        spec = self.folder / f"{uuid.uuid4().hex}.pt"
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            _prune(self.folder)
-            torch.save({
-                "model": owner.model, "adapter": adapter, "caps": dict(target), "store": str(self.store_root),
-                "compile_kwargs": self.compile_kwargs, "data": data, "args": args, "kwargs": dict(kwargs),
-            }, spec)
-            log_file = open(spec.with_suffix(".log"), "wb")  # noqa: SIM115 - the child owns it
-        except OSError as exc:  # a read-only or full store
-            self._off(spec, f"the store cannot be written ({type(exc).__name__}: {exc})")
+            proc, log_path = launch(write_spec(self.folder, owner, dict(target), self.store_root,
+                                               self.compile_kwargs, data, args, kwargs, self.options))
+        except WorkerError as exc:
+            self._off(str(exc))
             return
-        except Exception as exc:  # noqa: BLE001 - a model that does not pickle
-            self._off(spec, f"the model cannot be pickled for a worker ({type(exc).__name__}: {exc})")
-            return
-        try:
-            proc = subprocess.Popen([sys.executable, "-m", "ddpad._worker", str(spec), str(os.getpid())],
-                                    stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        finally:
-            log_file.close()
         self.running[target] = proc
-        self.logs[target] = spec.with_suffix(".log")
+        self.logs[target] = log_path
         self.targets.add(target)
         self.ladder.add(dict(target), "background")  # the growth takes these caps if they fit
         log.info("compiling caps %s in the background (pid %d)", dict(target), proc.pid)
 
-    def _off(self, spec: pathlib.Path, reason: str) -> None:
+    def _off(self, reason: str) -> None:
         """No background compiles for this model from now on (one warning)."""
-        with contextlib.suppress(OSError):
-            spec.unlink()
         log.warning("background compiles are off for this model: %s; growths compile in the foreground", reason)
         self.disabled = True
 
@@ -144,6 +116,165 @@ class Background:
         """Stop running workers; count the compiles no growth reached."""
         self._finalizer()
         self.ladder.close_background()
+
+
+
+class PackageBuilds:
+    """Ahead-of-time packages built in worker processes (``compile_mode="aot"``
+    with ``aot_build="background"``), one per package signature, at most
+    ``workers`` at once and the others queued, so that the run itself never
+    waits for an AOTInductor build: it runs ``torch.compile`` at those caps
+    until the package is in the store, then loads it."""
+
+    def __init__(self, owner: _Owner, store_root: pathlib.Path, workers: int,
+                 compile_kwargs: Mapping[str, Any], stats: Any = None) -> None:
+        self.stats = stats  # counts aot_background (builds started)
+        self.store_root = store_root
+        self.folder = store_root / "background"
+        self.workers = workers
+        self.compile_kwargs = dict(compile_kwargs)
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs: dict[str, pathlib.Path] = {}
+        self.queued: dict[str, pathlib.Path] = {}  # signature -> its written spec, in order
+        self.finished: dict[str, str] = {}  # signature -> "" (built) or why not
+        self._finalizer = weakref.finalize(owner, _stop, self.running)
+
+    @property
+    def active(self) -> bool:
+        """Whether a build is running or queued (the run polls them)."""
+        return bool(self.running or self.queued)
+
+    def status(self, signature: str, owner: _Owner, caps: Mapping[str, int], data: Any, args: tuple[Any, ...],
+               kwargs: Mapping[str, Any]) -> str | None:
+        """None while ``signature``'s package is built elsewhere (its build
+        starts here if it is new); ``""`` once it is built (load it from the
+        store); else why it was not."""
+        if signature not in self.finished and signature not in self.running and signature not in self.queued:
+            try:
+                self.queued[signature] = write_spec(self.folder, owner, caps, self.store_root, self.compile_kwargs,
+                                                    data, args, kwargs, PACKAGE_BUILD)
+            except WorkerError as exc:
+                self.finished[signature] = str(exc)
+        self.poll()
+        return self.finished.get(signature)
+
+    def poll(self) -> None:
+        """Reap finished builds; start queued ones while a slot is free."""
+        before = set(self.running)
+        failed = set(_reap(self.running, self.logs))
+        for signature in before - set(self.running):
+            self.finished[signature] = _last_line(self.logs.pop(signature)) if signature in failed else ""
+        while self.queued and len(self.running) < self.workers:
+            signature, spec = next(iter(self.queued.items()))
+            del self.queued[signature]
+            try:
+                self.running[signature], self.logs[signature] = launch(spec)
+                if self.stats is not None:
+                    self.stats.aot_background += 1
+                log.info("building an ahead-of-time package in the background (pid %d)",
+                         self.running[signature].pid)
+            except WorkerError as exc:
+                self.finished[signature] = str(exc)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Poll until no build runs or is queued, or ``timeout`` seconds
+        passed; returns how many are left."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.active and (deadline is None or time.monotonic() < deadline):
+            self.poll()
+            time.sleep(0.2)
+        self.poll()
+        return len(self.running) + len(self.queued)
+
+    def close(self) -> None:
+        """Stop running builds (a stopped one leaves no entry) and drop the queue."""
+        self._finalizer()
+        for spec in self.queued.values():
+            with contextlib.suppress(OSError):
+                spec.unlink()
+        self.queued.clear()
+
+
+# a package build's worker: the ahead-of-time route, built in its process, at exactly the caps sent
+PACKAGE_BUILD = {"compile_mode": "aot", "aot_build": "foreground", "cap_policy": "headroom"}
+
+class WorkerError(Exception):
+    """A worker could not be started (the message says why)."""
+
+
+def write_spec(folder: pathlib.Path, owner: _Owner, caps: Mapping[str, int], store_root: pathlib.Path,
+               compile_kwargs: Mapping[str, Any], data: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+               options: Mapping[str, Any]) -> pathlib.Path:
+    """Save what a worker needs to rebuild ``owner``'s model at ``caps`` and
+    call it once on ``data`` (now: the caller may reuse its input's tensors
+    before the worker starts); returns the spec's path."""
+    from ddpad import adapters
+
+    adapter: Any = owner.adapter.name
+    with contextlib.suppress(Exception):
+        if adapters.get(adapter) is not owner.adapter:
+            adapter = owner.adapter
+    spec = folder / f"{uuid.uuid4().hex}.pt"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _prune(folder)
+        torch.save({
+            "model": owner.model, "adapter": adapter, "caps": dict(caps), "store": str(store_root),
+            "compile_kwargs": dict(compile_kwargs), "options": dict(options), "data": data, "args": args,
+            "kwargs": dict(kwargs),
+        }, spec)
+    except OSError as exc:  # a read-only or full store
+        with contextlib.suppress(OSError):
+            spec.unlink()
+        raise WorkerError(f"the store cannot be written ({type(exc).__name__}: {exc})") from exc
+    except Exception as exc:  # noqa: BLE001 - a model that does not pickle
+        with contextlib.suppress(OSError):
+            spec.unlink()
+        raise WorkerError(f"the model cannot be pickled for a worker ({type(exc).__name__}: {exc})") from exc
+    return spec
+
+
+def launch(spec: pathlib.Path) -> tuple[subprocess.Popen[bytes], pathlib.Path]:
+    """Start ``python -m ddpad._worker SPEC`` (it removes the spec once read);
+    returns the process and its log's path."""
+    log_path = spec.with_suffix(".log")
+    try:
+        log_file = open(log_path, "wb")  # noqa: SIM115 - the child owns it
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            spec.unlink()
+        raise WorkerError(f"the store cannot be written ({type(exc).__name__}: {exc})") from exc
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "ddpad._worker", str(spec), str(os.getpid())],
+                                stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    finally:
+        log_file.close()
+    return proc, log_path
+
+
+def _last_line(log_path: pathlib.Path) -> str:
+    """Why a worker failed: its log's last line, and where the log is."""
+    try:
+        lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    return f"its background build failed ({lines[-1].strip()[:300] if lines else 'no output'}; log: {log_path})"
+
+
+def _reap(running: dict[Any, subprocess.Popen[bytes]], logs: dict[Any, pathlib.Path]) -> list[Any]:
+    """Drop finished workers from ``running`` (and a clean exit's log);
+    returns the keys of those that failed (their logs stay in ``logs``)."""
+    failed = []
+    for key, proc in list(running.items()):
+        if proc.poll() is None:
+            continue
+        del running[key]
+        if proc.returncode == 0:  # its log said nothing anyone needs
+            with contextlib.suppress(OSError):
+                logs.pop(key).unlink()
+        else:
+            failed.append(key)
+    return failed
 
 
 # failed workers' logs kept in STORE/background (a finished worker's log is removed)

@@ -35,6 +35,7 @@ class WrapOptions:
     warm_ladder: int = 0
     cap_policy: Literal["tight", "headroom"] | TightPolicy | None = None
     compile_mode: Literal["dynamo", "aot"] = "dynamo"
+    aot_build: Literal["background", "foreground"] | None = None
     compile_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -77,6 +78,15 @@ class WrapOptions:
                              f"got {self.compile_mode!r}")
         if self.compile_mode == "aot" and not self.compile:
             raise TypeError("compile_mode='aot' compiles packages: drop compile=False")
+        if self.aot_build not in (None, "background", "foreground"):
+            raise ValueError(f"aot_build must be 'background' (worker processes build the packages while the run "
+                             f"uses torch.compile), 'foreground' (the call that needs one builds it) or None, "
+                             f"got {self.aot_build!r}")
+        if self.aot_build is not None and self.compile_mode != "aot":
+            raise TypeError("aot_build is an option of compile_mode='aot'")
+        if self.aot_build == "background" and self.compile_cache is None:
+            raise ValueError("ddpad: aot_build='background' needs compile_cache= (its workers put the packages "
+                             "in the store, where this run and the next find them)")
         if self.on_recompile not in ("warn", "raise", "ignore"):
             raise ValueError(f"on_recompile must be 'warn', 'raise' or 'ignore', got {self.on_recompile!r}")
         if self.on_overflow not in ("raise", "eager"):

@@ -26,7 +26,7 @@ import torch
 
 from ._agreement import AgreementError, current_agreement
 from ._aot import AotRoute
-from ._background import Background
+from ._background import PACKAGE_BUILD, Background, PackageBuilds
 from ._capacity import CapacityError, CapResolution, TightCaps, _Scope, resolutions
 from ._caps_file import caps_fitted, load_caps, save_caps
 from ._compile import compile_model, run_step
@@ -149,6 +149,7 @@ class PaddedModel(torch.nn.Module):
         self.store_binding: StoreBinding | None = None
         self.background: Background | None = None
         self.aot: AotRoute | None = None  # compile_mode="aot": packages first, torch.compile where refused
+        self.package_builds: PackageBuilds | None = None  # aot_build="background": the packages' workers
         if opts.compile:
             compile_kwargs = dict(opts.compile_kwargs)
             if opts.compile_cache is not None:  # None for a backend with nothing to store (said once)
@@ -156,18 +157,20 @@ class PaddedModel(torch.nn.Module):
                                                 **compile_kwargs)
             if self.store_binding is not None:
                 weakref.finalize(self, self.store_binding.flush)  # a backward compiled after the last call
-            if opts.background_compile is not None and opts.compile_mode == "aot":
-                # (its workers compile torch.compile graphs: packages are built when a growth needs them)
-                log.info("background compiles are off under compile_mode='aot'")
-            elif opts.background_compile is not None:
+            root = opts.compile_cache.root if isinstance(opts.compile_cache, CompileStore) else opts.compile_cache
+            if opts.background_compile is not None:
                 if adapter is None:
                     raise ValueError("ddpad: background_compile needs compile_cache= and an adapter (its workers "
                                      "compile into the store and rebuild the padder from the adapter)")
-                root = opts.compile_cache.root if isinstance(opts.compile_cache, CompileStore) else opts.compile_cache
+                # (under compile_mode="aot" its workers build the next rung's package)
                 self.background = Background(self, self.ladder, pathlib.Path(root).expanduser(),
-                                             float(opts.background_compile), opts.background_workers, compile_kwargs)
+                                             float(opts.background_compile), opts.background_workers, compile_kwargs,
+                                             options=PACKAGE_BUILD if opts.compile_mode == "aot" else None)
             if opts.compile_mode == "aot":
                 self.aot = self._aot_route(opts, adapter)
+                if self.aot is not None and self.aot.store is not None and self._builds_elsewhere(opts, adapter):
+                    self.package_builds = PackageBuilds(self, pathlib.Path(root).expanduser(),
+                                                        opts.background_workers, compile_kwargs, self.stats)
             if self.aot is None:
                 self.compiled = compile_model(model, self.stats, compile_region, self.store_binding,
                                               **compile_kwargs)
@@ -225,7 +228,7 @@ class PaddedModel(torch.nn.Module):
                     pad_seconds += time.perf_counter() - t0
                     if options.compile and (index == 0 or trial != self.cap_state):
                         log.info("compiling at caps %s (%s)", trial, "first call" if index == 0 else "caps grew")
-                    out = self._run(padded, args, kwargs, data)
+                    out = self._run(padded, args, kwargs, data, trial)
                 t0 = time.perf_counter()
                 out = self.padder.unpad(out)
                 pad_seconds += time.perf_counter() - t0
@@ -242,6 +245,8 @@ class PaddedModel(torch.nn.Module):
             finally:
                 _restore(self.padder)
         self.cap_state.update(trial)  # the call succeeded: commit its caps
+        if self.package_builds is not None and self.package_builds.active:
+            self.package_builds.poll()  # (a finished build frees a worker for the next queued one)
         if measure:
             self._derive_ceilings(data)
         fitted = False
@@ -292,6 +297,14 @@ class PaddedModel(torch.nn.Module):
         them) or are rungs (warmed, or a background worker's)."""
         return [*self.ladder.ready, *(dict(caps) for _, caps in self._forms)]
 
+    def _builds_elsewhere(self, opts: WrapOptions, adapter: Adapter | None) -> bool:
+        """Whether packages are built in worker processes (``aot_build``;
+        None: wherever a store and an adapter let a worker rebuild the model)."""
+        if opts.aot_build == "background" and adapter is None:
+            raise ValueError("ddpad: aot_build='background' needs an adapter (its workers rebuild the padder "
+                             "from it)")
+        return opts.aot_build == "background" or (opts.aot_build is None and adapter is not None)
+
     def _aot_route(self, opts: WrapOptions, adapter: Adapter | None) -> AotRoute | None:
         """The ahead-of-time route, or None (said once) where it cannot be taken."""
         if self.pad_in_forward:
@@ -303,12 +316,22 @@ class PaddedModel(torch.nn.Module):
             store, key = aot_binding(self.model, opts.compile_cache, adapter, self.dynamo_config)
         return AotRoute(self.model, self.call, self.dynamo_config, self.stats, store, key)
 
-    def _run(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any], source: Any = None) -> Any:
+    def _run(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any], source: Any = None,
+             caps: Mapping[str, int] | None = None) -> Any:
         """One step on padded ``data``: its package (``compile_mode="aot"``;
         ``source``, the caller's input, says whether the caller differentiates
-        the outputs), else the compiled model."""
+        the outputs, and is what a background build is sent with ``caps``),
+        else the compiled model."""
         if self.aot is not None:
-            return self.aot.run(data, args, kwargs, source, lambda: self._fallback_step(data, args, kwargs))
+            builds, elsewhere = self.package_builds, None
+            if builds is not None and caps is not None:
+                def elsewhere(signature: str) -> str | None:
+                    sizer = self.sizer
+                    if sizer is not None and not sizer.settled:  # caps about to be fitted: no build for them
+                        return None
+                    return builds.status(signature, self, caps, source, args, kwargs)
+            return self.aot.run(data, args, kwargs, source, lambda: self._fallback_step(data, args, kwargs),
+                                elsewhere)
         return self._compiled_step(data, args, kwargs)
 
     def _fallback_step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -332,8 +355,17 @@ class PaddedModel(torch.nn.Module):
         leaves no entry, only its lock file) and save what compiled lazily."""
         if self.background is not None:
             self.background.close()
+        if self.package_builds is not None:
+            self.package_builds.close()
         if self.store_binding is not None:
             self.store_binding.flush()
+
+    def finish_builds(self, timeout: float | None = None) -> int:
+        """Wait (at most ``timeout`` seconds) for the ahead-of-time packages
+        worker processes are building (``aot_build="background"``), so the
+        next process finds them in the store; returns how many are still
+        building (0: none)."""
+        return self.package_builds.wait(timeout) if self.package_builds is not None else 0
 
     def __enter__(self) -> PaddedModel:
         return self
@@ -360,7 +392,7 @@ class PaddedModel(torch.nn.Module):
                     with activate_dd_context(self._context(state, padder)):
                         self._run(data, args, kwargs)
                 else:
-                    self._run(padder.pad(data, state), args, kwargs, data)
+                    self._run(padder.pad(data, state), args, kwargs, data, state)
             finally:
                 _restore(padder)
 

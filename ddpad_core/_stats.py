@@ -97,6 +97,8 @@ class Stats:
         AOTInductor) and loaded from the store, first calls checked against
         the eager step, call forms that fell back to ``torch.compile``, and
         the seconds building and loading took.
+    aot_background
+        Package builds started in worker processes (``aot_build="background"``).
     rungs_warmed, rungs_used, warm_seconds
         Ladder rungs compiled or loaded by the first call (``warm_ladder``),
         the growths that took a ready rung (warmed, or a background
@@ -136,6 +138,7 @@ class Stats:
     aot_refused: int = 0
     aot_seconds: float = 0.0
     aot_load_seconds: float = 0.0
+    aot_background: int = 0
     ladder: Ladder = field(default_factory=Ladder, repr=False, compare=False)
 
     def record(self, call: int, resolved: list[CapResolution], fitted: bool = False) -> bool:
@@ -293,7 +296,7 @@ _COMPILE_FIELDS = (
     "graphs_compiled", "graphs_loaded", "compile_seconds", "load_seconds", "store_hits", "store_misses",
     "background_started", "background_used", "background_wasted", "graphs_uncached",
     "rungs_warmed", "rungs_used", "warm_seconds",
-    "aot_compiled", "aot_loaded", "aot_checked", "aot_refused", "aot_seconds", "aot_load_seconds",
+    "aot_compiled", "aot_loaded", "aot_checked", "aot_refused", "aot_seconds", "aot_load_seconds", "aot_background",
 )
 
 

@@ -98,6 +98,15 @@ def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder 
         later processes instead of traced); its first call in a process is
         checked against the eager step; a step the route cannot take falls
         back to ``torch.compile`` with one line saying why.
+    aot_build
+        Where ``compile_mode="aot"`` builds a package the store lacks:
+        ``"background"`` (the default with a compile store and an
+        adapter): a worker process builds it (``background_workers`` at
+        once) while this run uses ``torch.compile`` at those caps, and
+        switches to the package once it is in the store; every later process
+        loads it. ``"foreground"`` (the default without a store): the call
+        that needs it builds it (an AOTInductor build is several times a
+        ``torch.compile``; see docs/pages/compile-store.md).
     **compile_kwargs
         Other keywords go to ``torch.compile``.
 

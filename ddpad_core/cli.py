@@ -505,11 +505,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise _Interrupted(f"interrupted at step {min(counter['step'], args.steps)} of {args.steps}; "
                                f"caps written to {_save_caps(wrapped, caps_path)}"
                                + (f", the trajectory so far to {args.traj}" if args.traj else "")) from None
+        ran = time.perf_counter()  # (the steps' time: not the wait for package builds)
+        _finish_builds(wrapped)
     finally:
         wrapped.close()  # background compiles
         if writer is not None:
             writer.close()
-    elapsed = time.perf_counter() - started
+    elapsed = ran - started
     stats = wrapped.stats
     steady = args.steps / max(elapsed - first, 1e-9)
     print(f"{args.steps} steps in {elapsed:.1f} s ({steady:.2f} steps/s after the first call, "
@@ -532,6 +534,24 @@ def cmd_run(args: argparse.Namespace) -> int:
                        "first_call_seconds": first, "model": what, "device": device, "caps_file": caps_path,
                        "growth_calls": stats.growth_calls, **stats.as_dict()}, fh, indent=2)
     return 0
+
+
+def _finish_builds(wrapped: Any) -> None:
+    """Let the packages worker processes are building (``--aot``) land in the
+    store, so the next run loads them; Ctrl-C leaves them unbuilt."""
+    builds = wrapped.package_builds
+    if builds is None or not builds.active:
+        return
+    print(f"waiting for {len(builds.running) + len(builds.queued)} ahead-of-time package build(s) in the "
+          "background, for the next run (Ctrl-C skips)", flush=True)
+    t0 = time.perf_counter()
+    try:
+        left = wrapped.finish_builds()
+    except KeyboardInterrupt:
+        print("package builds stopped: the next run builds them", flush=True)
+        return
+    print(f"package builds done in {time.perf_counter() - t0:.1f} s" + (f" ({left} left)" if left else ""),
+          flush=True)
 
 
 def _save_caps(wrapped: Any, path: str) -> str:
@@ -612,6 +632,8 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     from ddpad import TightPolicy, wrap
 
     preset = args.caps if _load_caps(args.caps, adapter.name) is not None else None  # checked first
+    if args.aot:
+        return _precompile_packages(args, adapter, model, what, atoms, preset, device, dtype)
     # tight: the caps fitted to this system on the first call (a run's window is
     # ten steps), written where ddpad run looks for them, so the run starts there
     policy: Any = TightPolicy(settle=1) if args.cap_policy == "tight" else "headroom"
@@ -631,6 +653,35 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     if args.caps is None:
         print(f"caps written to {_save_caps(wrapped, _cached_caps_path(adapter.name, model, atoms))} "
               "(ddpad run of this model on this system starts from them)")
+    return 0
+
+
+def _precompile_packages(args: argparse.Namespace, adapter: Any, model: Any, what: str, atoms: Any, preset: Any,
+                         device: str, dtype: Any) -> int:
+    """``ddpad precompile --aot``: the caps' and rungs' packages, each built in
+    its own worker process (``--workers`` at once)."""
+    from ._prebuild import prebuild_packages
+
+    if args.workers is not None and args.workers < 1:
+        raise CliError(f"--workers must be >= 1, got {args.workers}")
+    data = adapter.build_input(model, atoms)
+    print(f"ddpad precompile --aot {adapter.name}: {what}, device {device}, {dtype}, store {args.compile_cache}; "
+          f"{args.ladder} rung(s), packages built in worker processes", flush=True)
+    caps = _load_caps(preset, adapter.name) if preset is not None else None
+    built = prebuild_packages(model, adapter, data, store=args.compile_cache, rungs=args.ladder,
+                              workers=args.workers, caps=caps, tight=args.cap_policy == "tight",
+                              call_kwargs=adapter.call_options(False), compile_kwargs={"backend": args.backend})
+    for caps_built in [built.caps, *built.rungs]:
+        print(f"caps {caps_built}")
+    print(f"{1 + len(built.rungs)} package(s) in {built.seconds:.1f} s")
+    for name, why in built.failed.items():
+        print(f"caps {name}: {why}")
+    if args.caps is None:
+        print(f"caps written to {_save_caps(built.sizing, _cached_caps_path(adapter.name, model, atoms))} "
+              "(ddpad run of this model on this system starts from them)")
+    if built.failed:
+        raise CliError(f"{len(built.failed)} of {1 + len(built.rungs)} package build(s) failed (above); a run "
+                       "falls back to torch.compile at those caps")
     return 0
 
 
@@ -894,6 +945,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common_options(p_pre)
     _store_arguments(p_pre)
     p_pre.add_argument("--ladder", type=int, default=2, metavar="K", help="rungs to compile beyond the first caps (default: 2)")
+    p_pre.add_argument("--workers", type=int, default=None, metavar="N",
+                       help="with --aot: package builds at once (default: one per CPU, at most one per package)")
     p_pre.add_argument("--caps", metavar="FILE.json", help="start from these caps, a caps file from ddpad run (default: the system's own caps)")
     _verbose_option(p_pre, argparse.SUPPRESS)
     p_pre.set_defaults(func=cmd_precompile)

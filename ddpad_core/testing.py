@@ -22,7 +22,7 @@ class and inherits every check::
 
 Each check is also a function (``check_exact``, ``check_dead_rows``,
 ``check_call_forms``, ``check_autograd``, ``check_empty_rejected``,
-``check_torchsim``, ``check_tight``) for use outside pytest classes. Needs pytest and ase;
+``check_torchsim``, ``check_tight``, ``check_aot``) for use outside pytest classes. Needs pytest and ase;
 the torch-sim check runs where torch-sim is installed and is skipped
 (saying so) where it is not.
 """
@@ -42,6 +42,7 @@ from ._wrap import resolve_adapter
 __all__ = [
     "AdapterTests",
     "PoisonedPadder",
+    "check_aot",
     "check_autograd",
     "check_call_forms",
     "check_dead_rows",
@@ -133,6 +134,65 @@ def check_tight(
         _compare(out, ref, atol=atol, rtol=rtol, where=f"step {step} (tight caps)")
     assert wrapped.stats.fit_calls == 1, f"the caps were not fitted: {wrapped.stats.fits}"
     return wrapped
+
+
+def check_aot(
+    adapter: Any, model: torch.nn.Module, trajectory: Sequence[Any], *, atol: float, rtol: float = 0.0,
+    store: Any = None, forms: bool = True, poison_scale: float = 1.0e3,
+) -> dict[str, Any]:
+    """The exactness, dead-row and call-form checks through
+    ``compile_mode="aot"``: ``trajectory`` at one set of caps (the
+    trajectory's own, sized first without compiling, so one package serves
+    every step), each step against the unpadded eager model; its first
+    structure again with poisoned dead rows (the same package, loaded: the
+    outputs may not change by more than the eager model's own run-to-run
+    noise); with ``forms``, every call form of the adapter (one package
+    each). A form the route refuses runs on ``torch.compile`` and is checked
+    the same way. Returns ``{"refused": {form: reason}, "packages": built +
+    loaded, "worst": largest deviation, "build_s": seconds}``; ``store``: a
+    compile store's folder (default: a temporary one)."""
+    import tempfile
+
+    adapter = resolve_adapter(adapter)
+    build = adapter.input_builder(model)
+    options = _options(adapter)
+    sizing = adapter.wrap(model, compile=False, cap_policy="headroom")
+    for structure in trajectory:
+        sizing(build(structure), **options)
+    with tempfile.TemporaryDirectory(prefix="ddpad-kit-aot-") as tmp:
+        common = {"compile_mode": "aot", "compile_cache": store if store is not None else tmp, "caps": sizing.caps,
+                  "cap_policy": "headroom", "backend": "inductor", "aot_build": "foreground"}
+        wrapped = adapter.wrap(model, **common)
+        worst, first = 0.0, None
+        for step, structure in enumerate(trajectory):
+            out = adapter.flat(wrapped(build(structure), **options))
+            ref = adapter.flat(adapter.reference(model, build(structure), **options))
+            worst = max(worst, _compare(out, ref, atol=atol, rtol=rtol, where=f"step {step} (compile_mode='aot')"))
+            first = _tensors(out) if first is None else first
+        assert wrapped.caps == sizing.caps, f"the caps grew under preset caps: {sizing.caps} -> {wrapped.caps}"
+        assert first is not None, "an empty trajectory"
+        noise = check_dead_rows(adapter, model, trajectory[0], scale=poison_scale)
+        poisoned_padder = PoisonedPadder(adapter.make_padder(model), scale=poison_scale)
+        poisoned = adapter.wrap(model, padder=poisoned_padder, **common)
+        got = _tensors(adapter.flat(poisoned(build(trajectory[0]), **options)))
+        assert poisoned_padder.poisoned > 0, "no dead atom rows to poison: the trajectory's first structure fills its caps"
+        for key, value in first.items():
+            deviation = float((got[key].detach() - value.detach()).abs().max()) if value.numel() else 0.0
+            assert torch.isfinite(got[key]).all() and deviation <= 4 * noise[key], (
+                f"{key} changed with the dead rows' content through the package: {deviation:.3g} "
+                f"(the eager model's run-to-run noise {noise[key]:.3g})")
+        if forms:
+            for form in adapter.call_forms:
+                out = adapter.flat(wrapped(build(trajectory[0]), **form))
+                ref = adapter.flat(adapter.reference(model, build(trajectory[0]), **form))
+                worst = max(worst, _compare(out, ref, atol=atol, rtol=rtol, where=f"call form {form} (aot)"))
+        refused = {}
+        for route in (wrapped, poisoned):
+            refused.update({str(form): why for form, why in (route.aot.refused if route.aot else {}).items()})
+        s, p = wrapped.stats, poisoned.stats
+        return {"refused": refused, "packages": s.aot_compiled + s.aot_loaded, "worst": worst,
+                "build_s": s.aot_seconds, "checked": s.aot_checked + p.aot_checked,
+                "loaded_by_second": p.aot_loaded}
 
 
 class PoisonedPadder:
@@ -331,7 +391,12 @@ class AdapterTests:
 
     Class attributes: ``adapter`` (name or Adapter), ``dtype``, ``atol``,
     ``rtol``, ``backend`` (``"aot_eager"`` counts graphs without inductor's
-    compile time), ``poison_scale`` (magnitude of the dead-row values).
+    compile time), ``poison_scale`` (magnitude of the dead-row values),
+    ``aot_route`` (True: every call form takes ``compile_mode="aot"``; else
+    a piece of the reason the route gives for refusing it: the check then
+    asserts that it falls back, exactly). ``test_exact_through_aot`` builds
+    AOTInductor packages (minutes for a real model on a CPU) and carries
+    the ``inductor`` marker: register it in the plugin's pytest config.
     Fixtures to override: ``model``, ``trajectory``.
     """
 
@@ -341,6 +406,7 @@ class AdapterTests:
     rtol: float = 0.0
     backend: str = "aot_eager"
     poison_scale: float = 1.0e3
+    aot_route: bool | str = True  # True: takes compile_mode="aot"; a string: the reason it is refused
 
     @pytest.fixture
     def resolved(self) -> Any:
@@ -392,6 +458,17 @@ class AdapterTests:
         ref = resolved.flat(resolved.reference(model, resolved.input_builder(model)(atoms)))
         torch.testing.assert_close(torch.tensor(energy, dtype=torch.float64),
                                    ref[resolved.flat_energy_key].detach().double().sum(), atol=max(self.atol, 1e-6), rtol=self.rtol)
+
+    @pytest.mark.inductor
+    def test_exact_through_aot(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
+        result = check_aot(resolved, model, trajectory, atol=self.atol, rtol=self.rtol,
+                           poison_scale=self.poison_scale)
+        if self.aot_route is True:
+            assert result["refused"] == {}, f"compile_mode='aot' refused: {result['refused']}"
+            assert result["checked"] >= 2
+        else:
+            assert result["refused"], f"compile_mode='aot' was expected to refuse ({self.aot_route!r}) and did not"
+            assert all(self.aot_route in why for why in result["refused"].values()), result["refused"]
 
     def test_torchsim_model(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
         singles = [s for s in trajectory if not isinstance(s, (list, tuple))]

@@ -42,7 +42,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 def test_steady_calls_run_the_package_exactly(store: pathlib.Path) -> None:
     model = toy.ADAPTER.random_model()
-    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=store, cap_policy="headroom")
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=store, cap_policy="headroom",
+                         aot_build="foreground")
     for data in _frames(model, 6):
         _same(wrapped(data), model({k: v.clone() for k, v in data.items()}))
     s = wrapped.stats
@@ -58,7 +59,7 @@ def test_another_process_loads_the_package_bit_for_bit(store: pathlib.Path) -> N
         torch.manual_seed(0)
         model = toy.ADAPTER.random_model()
         wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=sys.argv[1],
-                             cap_policy="headroom")
+                             cap_policy="headroom", aot_build="foreground")
         out = wrapped(_frames(model, 1)[0])
         s = wrapped.stats
         print(json.dumps({"compiled": s.aot_compiled, "loaded": s.aot_loaded, "graphs": s.graphs,
@@ -126,7 +127,7 @@ def test_a_package_that_disagrees_with_the_eager_step_is_not_used(store: pathlib
 
     monkeypatch.setattr(_aot._Package, "__call__", off)
     wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=store, backend="aot_eager",
-                         cap_policy="headroom")
+                         cap_policy="headroom", aot_build="foreground")
     data = _frames(model, 1)[0]
     with caplog.at_level(logging.WARNING, logger="ddpad"):
         out = wrapped(data)
@@ -142,8 +143,8 @@ def test_other_weights_are_another_package(store: pathlib.Path) -> None:
     with torch.no_grad():
         other.depth += 0.1
     data = _frames(first, 1)[0]
-    a = ddpad.wrap(first, toy.ADAPTER, compile_mode="aot", compile_cache=store, cap_policy="headroom")
-    b = ddpad.wrap(other, toy.ADAPTER, compile_mode="aot", compile_cache=store, cap_policy="headroom")
+    a, b = (ddpad.wrap(m, toy.ADAPTER, compile_mode="aot", compile_cache=store, cap_policy="headroom",
+                       aot_build="foreground") for m in (first, other))
     a(data)
     b(data)
     assert b.stats.aot_loaded == 0 and b.stats.aot_compiled == 1 and b.stats.aot_refused == 0
@@ -171,5 +172,82 @@ def test_ddpad_run_aot_builds_then_loads(tmp_path: pathlib.Path) -> None:
         assert res.returncode == 0, res.stderr
         runs.append(json.loads((tmp_path / name).read_text()))
     first, second = runs
-    assert first["aot_compiled"] == 2 and first["aot_refused"] == 0 and first["graphs"] == 0
-    assert (second["aot_compiled"], second["aot_loaded"], second["graphs"]) == (0, 1, 0)
+    # the first run: torch.compile at its caps while a worker builds the fitted caps' package (not the
+    # first caps': they are about to be fitted), which the run waits for before it ends
+    assert first["aot_background"] == 1 and first["aot_compiled"] == 0 and first["aot_refused"] == 0
+    assert first["graphs"] >= 1
+    assert (second["aot_compiled"], second["aot_loaded"], second["graphs"], second["aot_background"]) == (0, 1, 0, 0)
+
+
+def test_a_missing_package_is_built_in_the_background_while_torch_compile_runs(tmp_path: pathlib.Path) -> None:
+    model = toy.ADAPTER.random_model()
+    frames = _frames(model, 4)
+    options = {"compile_mode": "aot", "compile_cache": tmp_path, "cap_policy": "headroom", "backend": "aot_eager"}
+    with ddpad.wrap(model, toy.ADAPTER, **options) as wrapped:
+        first = wrapped(frames[0])  # torch.compile now; the package in a worker
+        s = wrapped.stats
+        assert (s.aot_background, s.aot_compiled, s.aot_loaded) == (1, 0, 0) and s.graphs >= 1
+        assert wrapped.finish_builds(timeout=600) == 0
+        outs = [first, *(wrapped(data) for data in frames[1:])]
+        assert (s.aot_loaded, s.aot_checked, s.aot_refused, s.aot_background) == (1, 1, 0, 1)
+    for out, data in zip(outs, frames):
+        _same(out, model({k: v.clone() for k, v in data.items()}))
+    graphs = s.graphs
+    again = ddpad.wrap(model, toy.ADAPTER, **options)
+    again(frames[0])
+    assert (again.stats.aot_loaded, again.stats.graphs, again.stats.aot_background) == (1, 0, 0)
+    assert s.graphs == graphs  # the first model compiled nothing after it switched
+
+
+def test_a_background_build_the_route_refuses_falls_back_with_its_reason(tmp_path: pathlib.Path,
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(pathlib.Path(__file__).parent))  # (the worker unpickles _Branchy)
+    model = _Branchy(3.0).double()
+    frames = _frames(model, 3)
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=tmp_path, cap_policy="headroom",
+                         backend="aot_eager")
+    with caplog.at_level(logging.WARNING, logger="ddpad"):
+        wrapped(frames[0])
+        assert wrapped.finish_builds(timeout=600) == 0
+        outs = [wrapped(data) for data in frames]
+    for out, data in zip(outs, frames):
+        _same(out, model({k: v.clone() for k, v in data.items()}))
+    lines = [r.getMessage() for r in caplog.records if "compile_mode='aot' falls back" in r.getMessage()]
+    assert len(lines) == 1 and "background build failed" in lines[0] and "tracing the step failed" in lines[0], lines
+    assert wrapped.stats.aot_refused == 1
+
+
+def test_aot_build_is_checked(tmp_path: pathlib.Path) -> None:
+    model = toy.ADAPTER.random_model()
+    with pytest.raises(ValueError, match="aot_build must be"):
+        ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", aot_build="later")
+    with pytest.raises(ValueError, match="needs compile_cache"):
+        ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", aot_build="background")
+    with pytest.raises(TypeError, match="compile_mode='aot'"):
+        ddpad.wrap(model, toy.ADAPTER, aot_build="foreground", compile_cache=tmp_path)
+
+
+def test_precompile_aot_builds_the_ladder_in_workers_and_a_run_loads_every_rung(tmp_path: pathlib.Path) -> None:
+    """``prebuild_packages`` (``ddpad precompile --aot``): the fitted caps and
+    two rungs, built by two workers at once; a run with ``warm_ladder=2``
+    from those caps loads all three at its first call and grows into a rung
+    with nothing traced, compiled or built."""
+    from ddpad._prebuild import prebuild_packages
+
+    model = toy.ADAPTER.random_model()
+    frames = _frames(model, 1)
+    built = prebuild_packages(model, toy.ADAPTER, frames[0], store=tmp_path, rungs=2, workers=2, timeout=900)
+    assert built.failed == {} and len(built.rungs) == 2 and built.fitted
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=tmp_path, caps=built.caps,
+                         warm_ladder=2, cap_policy=ddpad.TightPolicy(settle=1), backend="aot_eager")
+    wrapped(frames[0])
+    s = wrapped.stats
+    assert (s.aot_loaded, s.aot_compiled, s.aot_background, s.graphs) == (3, 0, 0, 0)
+    system = toy.ADAPTER.default_system()
+    bigger = system + system[:1]
+    bigger.positions[-1] += (1.2, 0.0, 0.0)
+    data = toy.ADAPTER.build_input(model, bigger)
+    out = wrapped(data)
+    _same(out, model({k: v.clone() for k, v in data.items()}))
+    assert wrapped.caps in built.rungs and (s.aot_loaded, s.graphs, s.aot_background) == (3, 0, 0)
