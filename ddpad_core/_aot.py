@@ -42,8 +42,8 @@ __all__ = ["AotRoute", "Refused", "weights_digest"]
 
 log = logging.getLogger("ddpad")
 
-# relative tolerance of the first call's check against the eager step, by dtype:
-# AOTInductor may fuse and reorder floating-point work the eager step does in order
+# relative tolerance of the first call's check against the eager step, by the least precise
+# dtype at work: AOTInductor may fuse and reorder floating-point work the eager step does in order
 _RTOL = {torch.float64: 1e-8, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
@@ -115,18 +115,23 @@ def _differentiable(data: Any) -> bool:
     return any(isinstance(x, torch.Tensor) and x.requires_grad for x in pytree.tree_leaves(data))
 
 
-def _close(out: Any, ref: Any) -> str | None:
-    """None when every output matches the eager step's within its dtype's
-    tolerance, else what differed."""
+def _close(out: Any, ref: Any, model: torch.nn.Module | None = None) -> str | None:
+    """None when every output matches the eager step's within the tolerance
+    of the least precise floating dtype among the outputs and ``model``'s
+    parameters (a float32 model's float64 outputs carry float32 work), else
+    what differed."""
     got, want = pytree.tree_flatten(out)[0], pytree.tree_flatten(ref)[0]
     if len(got) != len(want):
         return f"{len(got)} outputs, the eager step {len(want)}"
+    dtypes = {x.dtype for x in want if isinstance(x, torch.Tensor) and x.is_floating_point()}
+    dtypes |= {p.dtype for p in (model.parameters() if model is not None else ()) if p.is_floating_point()}
+    rtol = max((_RTOL.get(dtype, 1e-4) for dtype in dtypes), default=1e-4)
     for i, (a, b) in enumerate(zip(got, want)):
         if not isinstance(b, torch.Tensor):
             if a != b:
                 return f"output {i}: {a!r} != {b!r}"
             continue
-        b = b.detach()
+        a, b = a.detach(), b.detach()
         if a.shape != b.shape or a.dtype != b.dtype:
             return f"output {i}: {tuple(a.shape)} {a.dtype}, the eager step {tuple(b.shape)} {b.dtype}"
         if not b.is_floating_point():
@@ -134,7 +139,7 @@ def _close(out: Any, ref: Any) -> str | None:
                 return f"output {i} differs"
             continue
         scale = float(b.abs().max()) if b.numel() else 0.0
-        tol = _RTOL.get(b.dtype, 1e-4) * max(scale, 1.0)
+        tol = rtol * max(scale, 1.0)
         worst = float((a - b).abs().max()) if b.numel() else 0.0
         if not worst <= tol:  # (NaN fails too)
             return f"output {i}: max deviation {worst:.3g} > {tol:.3g}"
@@ -167,6 +172,8 @@ class AotRoute:
         self.packages: dict[tuple[Any, ...], _Package] = {}  # by _form
         self.refused: dict[tuple[Any, ...], str] = {}  # call form -> why
         self.waiting: set[tuple[Any, ...]] = set()  # forms whose package another process builds
+        self.fallback_checked: set[tuple[Any, ...]] = set()  # torch.compile steps that matched the eager step
+        self.eager: set[tuple[Any, ...]] = set()  # ... and that did not: they run eager
 
     def run(self, padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any], data: Any,
             fallback: Callable[[], Any], elsewhere: Callable[[str], str | None] | None = None) -> Any:
@@ -181,7 +188,7 @@ class AotRoute:
             return package(one.tensors)
         form = one.constants
         if form in self.refused:
-            return fallback()
+            return self._fallback(key, padded, args, kwargs, fallback)
         try:
             if _differentiable(data):
                 raise Refused("the caller differentiates the returned outputs (an input requires grad); "
@@ -192,28 +199,49 @@ class AotRoute:
                     self.waiting.add(key)
                     why = elsewhere(signature)
                     if why is None:  # still building: this process runs torch.compile meanwhile
-                        return fallback()
+                        return self._fallback(key, padded, args, kwargs, fallback)
                     self.waiting.discard(key)
                     if why:
                         raise Refused(why)
             package = self._obtain(one, signature)
         except Refused as exc:
-            return self._refuse(form, str(exc), fallback)
+            self._refuse(form, str(exc))
+            return self._fallback(key, padded, args, kwargs, fallback)
         out = package(one.tensors)
         ref = run_step(self.model, self.call, self.dynamo_config, padded, args, kwargs)
-        mismatch = _close(out, ref)
+        mismatch = _close(out, ref, self.model)
         if mismatch is not None:
-            self._refuse(form, f"its package disagrees with the eager step ({mismatch})", None)
+            self._refuse(form, f"its package disagrees with the eager step ({mismatch})")
             return ref
         self.stats.aot_checked += 1
         self.packages[key] = package
         return out
 
-    def _refuse(self, form: tuple[Any, ...], reason: str, fallback: Callable[[], Any] | None) -> Any:
+    def _refuse(self, form: tuple[Any, ...], reason: str) -> None:
         self.refused[form] = reason
         self.stats.aot_refused += 1
         log.warning("ddpad: compile_mode='aot' falls back to torch.compile for this call form: %s", reason)
-        return fallback() if fallback is not None else None
+
+    def _fallback(self, key: tuple[Any, ...], padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  fallback: Callable[[], Any]) -> Any:
+        """The ``torch.compile`` step, its first call at each caps checked
+        against the eager step as a package's is; where it disagrees too,
+        those caps and form run eager (said once)."""
+        if key in self.fallback_checked:
+            return fallback()
+        if key in self.eager:
+            return run_step(self.model, self.call, self.dynamo_config, padded, args, kwargs)
+        out = fallback()
+        ref = run_step(self.model, self.call, self.dynamo_config, padded, args, kwargs)
+        mismatch = _close(out, ref, self.model)
+        if mismatch is None:
+            self.fallback_checked.add(key)
+            return out
+        self.eager.add(key)
+        self.stats.aot_eager += 1
+        log.warning("ddpad: torch.compile disagrees with the eager step too (%s): these caps and call form run "
+                    "eager; report it to PyTorch with the model", mismatch)
+        return ref
 
     # -- packages -------------------------------------------------------------
 

@@ -207,7 +207,26 @@ def _ops(fn: Callable[[], Any]) -> int:
     return counter.ops
 
 
-def _measure(name: str, n: int, calls: int) -> dict[str, Any]:
+def _path_us(model: torch.nn.Module, make: Callable[[], Any], data: dict[str, Tensor], calls: int,
+             bare: float) -> dict[str, float]:
+    """A wrapped call's cost over the bare model on each compiled path: the
+    ``torch.compile`` (inductor) one, Dynamo's guards included, and the
+    ahead-of-time package (``compile_mode="aot"``, built in this process);
+    the trivial model's own compiled work is a few us of both."""
+    from ._padded import PaddedModel
+
+    common = {"cap_policy": "headroom", "on_recompile": "ignore"}
+    dynamo = PaddedModel(model, make(), backend="inductor", **common)
+    package = PaddedModel(model, make(), compile_mode="aot", aot_build="foreground", **common)
+    dynamo(data)
+    package(data)  # (built and checked on its first call)
+    if package.stats.aot_refused:
+        raise RuntimeError(f"ddpad bench --overhead --paths: the package was refused ({package.aot.refused})")
+    return {"compile_path_us": _median_us(lambda: dynamo(data), calls) - bare,
+            "aot_path_us": _median_us(lambda: package(data), calls) - bare}
+
+
+def _measure(name: str, n: int, calls: int, paths: bool = False) -> dict[str, Any]:
     from ._padded import PaddedModel
 
     make, build, positions = PADDERS[name]
@@ -223,7 +242,8 @@ def _measure(name: str, n: int, calls: int) -> dict[str, Any]:
     on_meta = PaddedModel(model, make(), compile=False)
     ops = _ops(lambda: on_meta(meta)) - _ops(lambda: model(meta))
     first = next(k for k in ("edge_index", "nbmat") if k in data)
-    return {
+    compiled = _path_us(model, make, data, calls, bare) if paths else {}
+    return {**compiled,
         "padder": name, "atoms": n, "edges": int(data[first].numel() // (2 if first == "edge_index" else 1)),
         "bare_us": bare, "wrapped_us": wrapped_us, "overhead_us": wrapped_us - bare,
         "pad_us": pad_us, "clone_us": clone_us,
@@ -237,6 +257,7 @@ def overhead_table(
     calls: int = 50,
     quick: bool = False,
     padders: Sequence[str] | None = None,
+    paths: bool = False,
 ) -> list[dict[str, Any]]:
     """Measure the per-call host overhead of every built-in padder.
 
@@ -250,6 +271,9 @@ def overhead_table(
         Sizes 20 / 100 / 1,000 and at most 10 calls (for tests).
     padders
         Names from :data:`PADDERS`; default all.
+    paths
+        Also each compiled path's per-call cost (an inductor compile and an
+        AOTInductor build per padder and size: minutes).
 
     Returns
     -------
@@ -261,26 +285,29 @@ def overhead_table(
         ratios ``pad_per_clone``, ``overhead_per_clone``; ``device_ops``,
         the non-view ops a steady wrapped call adds to the model's on a
         non-CPU device (its kernel launches on a GPU). Measured on one
-        thread (the thread count is restored afterwards).
+        thread (the thread count is restored afterwards). With ``paths``:
+        ``compile_path_us`` and ``aot_path_us``, a wrapped call's cost over
+        the bare model through ``torch.compile`` and through the package.
     """
     if quick:
         sizes, calls = tuple(s for s in sizes if s <= max(QUICK_SIZES)) or QUICK_SIZES, min(calls, QUICK_CALLS)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return [_measure(name, n, calls) for name in (padders or PADDERS) for n in sizes]
+        return [_measure(name, n, calls, paths) for name in (padders or PADDERS) for n in sizes]
     finally:
         torch.set_num_threads(threads)
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows of :func:`overhead_table` as an aligned text table."""
+    paths = bool(rows) and "aot_path_us" in rows[0]
     head = ("padder", "atoms", "edges", "model us", "overhead us", "pad us", "clone us", "pad/clone", "overhead/clone",
-            "device ops")
+            "device ops", *(("torch.compile path us", "package path us") if paths else ()))
     lines = [head] + [
         (r["padder"], f"{r['atoms']:,}", f"{r['edges']:,}", f"{r['bare_us']:.1f}", f"{r['overhead_us']:.1f}",
          f"{r['pad_us']:.1f}", f"{r['clone_us']:.1f}", f"{r['pad_per_clone']:.2f}", f"{r['overhead_per_clone']:.2f}",
-         str(r["device_ops"]))
+         str(r["device_ops"]), *((f"{r['compile_path_us']:.1f}", f"{r['aot_path_us']:.1f}") if paths else ()))
         for r in rows
     ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]

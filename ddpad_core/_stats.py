@@ -99,6 +99,9 @@ class Stats:
         the seconds building and loading took.
     aot_background
         Package builds started in worker processes (``aot_build="background"``).
+    aot_eager
+        Caps and call forms that run eager under ``compile_mode="aot"``: the
+        ``torch.compile`` fallback disagreed with the eager step too.
     rungs_warmed, rungs_used, warm_seconds
         Ladder rungs compiled or loaded by the first call (``warm_ladder``),
         the growths that took a ready rung (warmed, or a background
@@ -139,6 +142,7 @@ class Stats:
     aot_seconds: float = 0.0
     aot_load_seconds: float = 0.0
     aot_background: int = 0
+    aot_eager: int = 0
     ladder: Ladder = field(default_factory=Ladder, repr=False, compare=False)
 
     def record(self, call: int, resolved: list[CapResolution], fitted: bool = False) -> bool:
@@ -297,6 +301,7 @@ _COMPILE_FIELDS = (
     "background_started", "background_used", "background_wasted", "graphs_uncached",
     "rungs_warmed", "rungs_used", "warm_seconds",
     "aot_compiled", "aot_loaded", "aot_checked", "aot_refused", "aot_seconds", "aot_load_seconds", "aot_background",
+    "aot_eager",
 )
 
 

@@ -45,8 +45,10 @@ def first_call(adapter_name: str, store: str, backend: str, device: str, dtype: 
     model = adapter.random_model(getattr(torch, dtype) if dtype else None, device)
     data = adapter.build_input(model, adapter.default_system())
     # head room: the caps of the first call are the caps of every run (a tight one fits them later)
+    # (the AOT rows: this process builds the package, as a first process would with aot_build="foreground")
+    aot = {"aot_build": "foreground"} if compile_mode == "aot" else {}
     wrapped = ddpad.wrap(model, adapter, compile_cache=store, backend=backend, compile_mode=compile_mode,
-                         cap_policy="headroom")
+                         cap_policy="headroom", **aot)
     t0 = time.perf_counter()
     out = adapter.flat(wrapped(data))
     seconds = time.perf_counter() - t0
@@ -106,7 +108,7 @@ def format_warm_start(adapter: str, results: dict[str, dict[str, Any]]) -> str:
 
 def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype: str | None, steps: int,
                 every: int, background: float | None, warm: int = 0, cap_policy: str = "headroom",
-                caps: dict[str, int] | None = None) -> dict[str, Any]:
+                caps: dict[str, int] | None = None, compile_mode: str = "dynamo") -> dict[str, Any]:
     """A trajectory that gains one atom every ``every`` steps (a displaced
     copy of a random atom), each step timed (the child's side); ``caps``:
     preset (a precompile's, as ``ddpad run`` reads them from its caps file)."""
@@ -122,7 +124,7 @@ def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype:
     rng = np.random.default_rng(0)
     times = []
     with ddpad.wrap(model, adapter, compile_cache=store, backend=backend, background_compile=background,
-                    warm_ladder=warm, cap_policy=cap_policy, caps=caps) as wrapped:
+                    warm_ladder=warm, cap_policy=cap_policy, caps=caps, compile_mode=compile_mode) as wrapped:
         for step in range(steps):
             if step and step % every == 0:
                 i = int(rng.integers(len(atoms)))
@@ -150,11 +152,12 @@ def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype:
         "compile_s": s.compile_seconds, "load_s": s.load_seconds, "background_started": s.background_started,
         "background_used": s.background_used, "background_wasted": s.background_wasted,
         "rungs_warmed": s.rungs_warmed, "rungs_used": s.rungs_used, "warm_s": s.warm_seconds,
+        "aot_loaded": s.aot_loaded, "aot_background": s.aot_background, "aot_refused": s.aot_refused,
     }
 
 
 def precompile_run(adapter_name: str, store: str, backend: str, device: str, dtype: str | None,
-                   rungs: int, cap_policy: str = "headroom") -> dict[str, Any]:
+                   rungs: int, cap_policy: str = "headroom", compile_mode: str = "dynamo") -> dict[str, Any]:
     """``ddpad precompile``'s ladder for the adapter's default model and
     system (the child's side): the caps and the next ``rungs`` rungs (tight:
     fitted on the first call, as ``ddpad precompile`` does)."""
@@ -167,6 +170,15 @@ def precompile_run(adapter_name: str, store: str, backend: str, device: str, dty
     model = adapter.random_model(getattr(torch, dtype) if dtype else None, device)
     atoms = adapter.default_system()
     t0 = time.perf_counter()
+    if compile_mode == "aot":  # ddpad precompile --aot: every package in its worker process
+        from ._prebuild import prebuild_packages
+
+        built = prebuild_packages(model, adapter, adapter.build_input(model, atoms), store=store, rungs=rungs,
+                                  tight=cap_policy == "tight", call_kwargs=adapter.call_options(False),
+                                  compile_kwargs={"backend": backend})
+        if built.failed:
+            raise RuntimeError(f"ddpad: package builds failed: {built.failed}")
+        return {"seconds": time.perf_counter() - t0, "caps": built.caps}
     policy: Any = ddpad.TightPolicy(settle=1) if cap_policy == "tight" else cap_policy
     wrapped = ddpad.wrap(model, adapter, compile_cache=store, backend=backend, on_recompile="ignore",
                          warm_ladder=rungs, cap_policy=policy)
@@ -189,7 +201,7 @@ def _run_child(function: str, spec: dict[str, Any], env: dict[str, str]) -> dict
 def growing(adapter: str, *, steps: int = 200, every: int = 5, threshold: float = 0.9, rungs: int = 5,
             backend: str = "inductor", device: str = "cpu", dtype: str | None = None,
             workdir: str | None = None, policies: tuple[str, ...] = ("headroom", "tight"),
-            ) -> dict[str, dict[str, Any]]:
+            aot: bool = False, ways: tuple[str, ...] | None = None) -> dict[str, dict[str, Any]]:
     """The growing trajectory in fresh processes with empty stores and
     Inductor caches: growths compiled in the foreground; with background
     compiles of the next bucket at ``threshold`` fill; with a ladder of
@@ -198,23 +210,29 @@ def growing(adapter: str, *, steps: int = 200, every: int = 5, threshold: float 
     ``precompile_s``), whose first call loads the rungs; each under every
     cap policy of ``policies`` (a tight precompile's fitted caps are the
     run's preset, as ``ddpad run`` reads them from the precompile's caps
-    file)."""
+    file). With ``aot``, also ``aot precompiled``: ``ddpad precompile --aot``'s
+    packages (built in worker processes), then ``compile_mode="aot"`` with
+    the warm ladder (every rung's package loaded by the first call).
+    ``ways``: these of them only."""
     results = {}
+    ways = ways or ("foreground", "background", "warm", "precompiled", *(("aot precompiled",) if aot else ()))
     for policy in policies:
-        for way in ("foreground", "background", "warm", "precompiled"):
+        for way in ways:
             name = way if policy == "headroom" else f"{policy} {way}"
             with tempfile.TemporaryDirectory(prefix="ddpad-grow-", dir=workdir) as tmp:
                 env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
                 common = {"adapter_name": adapter, "store": os.path.join(tmp, "store"), "backend": backend,
                           "device": device, "dtype": dtype}
-                precompiled = (_run_child("precompile_run", {**common, "rungs": rungs, "cap_policy": policy}, env)
-                               if way == "precompiled" else None)
+                mode = "aot" if way.startswith("aot") else "dynamo"
+                precompiled = (_run_child("precompile_run", {**common, "rungs": rungs, "cap_policy": policy,
+                                                             "compile_mode": mode}, env)
+                               if way.endswith("precompiled") else None)
                 background = threshold if way == "background" else None
-                warm = rungs if way in ("warm", "precompiled") else 0
+                warm = rungs if way in ("warm", "precompiled", "aot precompiled") else 0
                 caps = precompiled["caps"] if precompiled is not None and policy == "tight" else None
                 results[name] = _run_child("growing_run", {
                     **common, "steps": steps, "every": every, "background": background, "warm": warm,
-                    "cap_policy": policy, "caps": caps}, env)
+                    "cap_policy": policy, "caps": caps, "compile_mode": mode}, env)
                 if precompiled is not None:
                     results[name]["precompile_s"] = precompiled["seconds"]
     return results
@@ -239,7 +257,8 @@ def format_growing(adapter: str, results: dict[str, dict[str, Any]]) -> str:
 
 
 _LABELS = {"foreground": "growths compiled in the foreground", "background": "background worker processes",
-           "warm": "ladder warmed by the first call", "precompiled": "ddpad precompile, then warmed (loaded)"}
+           "warm": "ladder warmed by the first call", "precompiled": "ddpad precompile, then warmed (loaded)",
+           "aot precompiled": "ddpad precompile --aot, then every rung's package loaded"}
 
 
 def plot_growing(adapter: str, results: dict[str, dict[str, Any]], path: str) -> None:

@@ -703,7 +703,8 @@ def _bench_compile_store(args: argparse.Namespace) -> int:
           f"(several compiles: minutes on a CPU)", flush=True)
     warm = warm_start(adapter.name, backend=args.backend, device=device, dtype=dtype)
     print(format_warm_start(adapter.name, warm), flush=True)
-    grow = growing(adapter.name, steps=args.steps, backend=args.backend, device=device, dtype=dtype)
+    grow = growing(adapter.name, steps=args.steps, backend=args.backend, device=device, dtype=dtype,
+                   aot=args.aot_ladder)
     print(format_growing(adapter.name, grow), flush=True)
     with open(args.out, "w", encoding="utf-8") as fh:
         json.dump({"adapter": adapter.name, "device": device, "warm_start": warm, "growing": grow}, fh, indent=1)
@@ -771,8 +772,17 @@ def _bench_overhead(args: argparse.Namespace) -> int:
         raise CliError(f"--sizes and --calls must be >= 1, got {list(sizes)} and {calls}")
     print(f"ddpad bench --overhead: PaddedModel(compile=False) around a trivial model, {calls} calls per "
           "median, one thread; overhead = wrapped - model; clone = {k: v.clone()} of the input; device ops = "
-          "kernels a steady call adds on a GPU", flush=True)
-    print(format_table(overhead_table(sizes, calls)))
+          "kernels a steady call adds on a GPU"
+          + ("; the path columns: a wrapped call over the bare model through torch.compile (inductor, Dynamo's "
+             "guards included) and through the ahead-of-time package (one compile and one build per padder and "
+             "size: minutes)" if args.paths else ""), flush=True)
+    from ._overhead import PADDERS
+
+    padders = args.padders or None
+    unknown = sorted(set(padders or ()) - set(PADDERS))
+    if unknown:
+        raise CliError(f"--padders: unknown {unknown}; the padders are {sorted(PADDERS)}")
+    print(format_table(overhead_table(sizes, calls, paths=args.paths, padders=padders)))
     return 0
 
 
@@ -969,6 +979,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--sizes", type=int, nargs="+", metavar="N",
                          help="with --overhead: atom counts (default: 20 100 1000 10000 100000)")
     p_bench.add_argument("--calls", type=int, metavar="N", help="with --overhead: timed calls per median (default: 50)")
+    p_bench.add_argument("--aot-ladder", action="store_true",
+                         help="with --compile-store: the growing trajectory also after ddpad precompile --aot "
+                              "(packages built in worker processes; minutes; default: off)")
+    p_bench.add_argument("--paths", action="store_true",
+                         help="with --overhead: also a wrapped call's cost through torch.compile and through the "
+                              "ahead-of-time package (compiles per padder and size: minutes; default: off)")
+    p_bench.add_argument("--padders", nargs="+", metavar="NAME",
+                         help="with --overhead: these padders only (default: all)")
     p_bench.add_argument("--repeat", type=int, default=1, metavar="N",
                          help="N x N x N supercell of a periodic system, to scale it up (default: 1)")
     p_bench.add_argument("--steps", type=int, default=60, help="trajectory length (default: 60)")

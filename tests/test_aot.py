@@ -103,6 +103,27 @@ def test_a_data_dependent_branch_falls_back_with_its_reason(caplog: pytest.LogCa
     assert s.aot_refused == 1 and s.aot_compiled == 0 and s.graphs >= 1  # torch.compile took the steps
 
 
+def test_a_fallback_that_disagrees_with_the_eager_step_runs_eager(monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Where the package is refused, torch.compile's first call at the caps
+    is checked too (Inductor's CPU code for orb was wrong at one thread)."""
+    model = _Branchy(3.0).double()
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", backend="aot_eager", cap_policy="headroom")
+    original = ddpad.PaddedModel._compiled_step
+
+    def off(self: Any, data: Any, args: Any, kwargs: Any) -> Any:
+        out = original(self, data, args, kwargs)
+        return {**out, "energy": out["energy"] + 1e-3}
+
+    monkeypatch.setattr(ddpad.PaddedModel, "_compiled_step", off)
+    frames = _frames(model, 3)
+    with caplog.at_level(logging.WARNING, logger="ddpad"):
+        outs = [wrapped(data) for data in frames]
+    for out, data in zip(outs, frames):
+        _same(out, model({k: v.clone() for k, v in data.items()}))
+    assert wrapped.stats.aot_eager == 1 and "disagrees with the eager step too" in caplog.text
+
+
 def test_a_caller_who_differentiates_the_energy_falls_back(caplog: pytest.LogCaptureFixture) -> None:
     model = toy.ADAPTER.random_model()
     wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", backend="aot_eager", cap_policy="headroom")
@@ -136,6 +157,21 @@ def test_a_package_that_disagrees_with_the_eager_step_is_not_used(store: pathlib
     _same(out, ref)
     _same(again, ref)
     assert wrapped.stats.aot_refused == 1 and "disagrees with the eager step" in caplog.text
+
+
+def test_the_check_reads_a_float32_models_float64_outputs_at_float32_tolerance() -> None:
+    """MACE's float32 model returns float64 node energies carrying float32
+    work: Inductor's reordering moved them 6e-8, and a float64 tolerance
+    refused every package of it."""
+    from ddpad._aot import _close
+
+    ref = {"node_energy": torch.ones(80, dtype=torch.float64), "forces": torch.ones(80, 3)}
+    out = {"node_energy": ref["node_energy"] + 6e-8, "forces": ref["forces"].clone()}
+    assert _close(out, ref, torch.nn.Linear(2, 2)) is None
+    energies = {"node_energy": ref["node_energy"]}  # a float64 model's float64 output: float64 tolerance
+    assert "max deviation" in str(_close({"node_energy": out["node_energy"]}, energies,
+                                         torch.nn.Linear(2, 2).double()))
+    assert _close(out, energies) == "2 outputs, the eager step 1"
 
 
 def test_other_weights_are_another_package(store: pathlib.Path) -> None:
@@ -251,3 +287,82 @@ def test_precompile_aot_builds_the_ladder_in_workers_and_a_run_loads_every_rung(
     out = wrapped(data)
     _same(out, model({k: v.clone() for k, v in data.items()}))
     assert wrapped.caps in built.rungs and (s.aot_loaded, s.graphs, s.aot_background) == (3, 0, 0)
+
+
+def _aot_rank(rank: int, world: int, store: str) -> dict[str, Any]:
+    """One rank: its own atoms (fewer on rank 1), caps agreed with its peer,
+    packages from one shared store."""
+    import ddpad
+
+    torch.manual_seed(0)
+    model = toy.ADAPTER.random_model()
+    system = toy.ADAPTER.default_system()
+    atoms = system[: len(system) - 3 * rank]
+    worst = 0.0
+    with ddpad.cap_agreement_group(None, "cpu"):
+        wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=store, cap_policy="headroom",
+                             aot_build="foreground")
+        for step in range(3):
+            frame = atoms.copy()
+            frame.rattle(0.02, seed=step + 10 * rank)
+            data = toy.ADAPTER.build_input(model, frame)
+            out = wrapped(data)
+            ref = model({k: v.clone() for k, v in data.items()})
+            worst = max(worst, *(float((out[k] - ref[k].detach()).abs().max()) for k in ("energy", "forces")))
+    s = wrapped.stats
+    return {"compiled": s.aot_compiled, "loaded": s.aot_loaded, "refused": s.aot_refused, "graphs": s.graphs,
+            "caps": wrapped.caps, "worst": worst}
+
+
+@pytest.mark.slow
+def test_ranks_share_one_package_per_caps(tmp_path: pathlib.Path) -> None:
+    """Two gloo ranks with different atoms agree on caps; one builds the
+    package (the store's lock), the other waits and loads it."""
+    from _spawn import run_ranks
+
+    results = run_ranks(_aot_rank, 2, tmp_path, str(tmp_path / "store"), timeout=900)
+    assert results[0]["caps"] == results[1]["caps"]
+    assert sorted((r["compiled"], r["loaded"]) for r in results) == [(0, 1), (1, 0)]
+    assert all(r["refused"] == 0 and r["graphs"] == 0 and r["worst"] < 1e-10 for r in results)
+
+
+def test_the_kit_checks_the_toy_through_the_route(tmp_path: pathlib.Path) -> None:
+    """``ddpad.testing.check_aot`` (``AdapterTests.test_exact_through_aot``,
+    behind the ``inductor`` marker for real models) on the toy plugin model:
+    exact along a trajectory at one set of caps, dead rows inert through the
+    loaded package, every call form."""
+    from ddpad.testing import check_aot, default_trajectory
+
+    model = toy.ADAPTER.random_model()
+    result = check_aot(toy.ADAPTER, model, default_trajectory(toy.ADAPTER, 4), atol=1e-10, store=tmp_path)
+    assert result["refused"] == {} and result["worst"] < 1e-10
+    assert result["checked"] >= 2 and result["loaded_by_second"] == 1
+
+
+def test_bench_overhead_paths_columns() -> None:
+    """``ddpad bench --overhead --paths``: a wrapped call's cost through
+    torch.compile and through the package, beside the padder's own."""
+    from ddpad._overhead import format_table, overhead_table
+
+    rows = overhead_table(sizes=(20,), calls=5, padders=["coo"], paths=True)
+    assert len(rows) == 1 and rows[0]["compile_path_us"] > 0 and rows[0]["aot_path_us"] > 0
+    assert "package path us" in format_table(rows)
+
+
+def test_ddpad_precompile_aot_then_run_loads(tmp_path: pathlib.Path) -> None:
+    """``ddpad precompile toy --aot --ladder 0`` builds the fitted caps'
+    package in a worker; ``ddpad run toy --aot`` then starts from those caps
+    and loads it, building and compiling nothing."""
+    import json
+
+    from test_cli import ddpad as cli
+
+    pre = cli("precompile", "toy", "--aot", "--ladder", "0", cwd=tmp_path)
+    assert pre.returncode == 0, pre.stderr
+    assert "1 package(s) in" in pre.stdout and "caps written to" in pre.stdout
+    res = cli("run", "toy", "--aot", "--steps", "4", "--json", "run.json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert (run["aot_loaded"], run["aot_compiled"], run["aot_background"], run["graphs"]) == (1, 0, 0, 0)
+    bad = cli("precompile", "toy", "--aot", "--workers", "0", cwd=tmp_path)
+    assert bad.returncode != 0 and "--workers must be >= 1" in bad.stderr

@@ -16,7 +16,7 @@ ORDER = [
     "_version", "_noise", "_fs", "_protocol", "_agreement", "_capacity", "_context",
     "_padders",
     "_ladder", "_stats", "_caps_file", "_memory", "_shrink", "_store", "_strict", "_compile", "_aot",
-    "_warm", "_background", "_options", "_padded", "_wrap", "_evaluator", "_worker",
+    "_warm", "_background", "_options", "_padded", "_wrap", "_evaluator", "_worker", "_prebuild",
     "ase", "torchsim", "testing", "engines", "_overhead", "_bench", "_warmstart", "_steady", "cli", "__main__",
 ]
 # the package's public face: it imports everything, and what imports

@@ -105,6 +105,7 @@ class TestSevenNetConformance(AdapterTests):
     """ddpad's conformance kit: exactness and one graph per growth over a
     trajectory whose atom, edge and system counts change, dead rows, call
     forms, empty input, the ASE calculator."""
+    aot_route = "data-dependent expression"  # compile_mode="aot" falls back (docs/pages/compile-store.md)
 
     adapter = "sevennet"
     dtype = torch.float32

@@ -338,8 +338,9 @@ def test_a_shrink_that_would_compile_waits_until_it_pays() -> None:
         model(graph(100, 600, gen))
     assert model.stats.shrinks == [] and model.caps == big and model.shrinker is not None
     assert model.shrinker.compile_seconds > 0
-    # a slow step (0.2 s, saving most of it) pays for the compile
-    slow = _shrinking(Slow(0.2), ddpad.ShrinkPolicy(below=0.6, after=3))
+    # a slow step (0.5 s, saving most of it) pays for the compile (the first call's trace and sleep: at
+    # 0.2 s a step, a trace of more than 0.3 s on a loaded 2-core machine outweighed the 0.48 s saved)
+    slow = _shrinking(Slow(0.5), ddpad.ShrinkPolicy(below=0.6, after=3))
     slow(graph(300, 3000, gen))
     for _ in range(4):
         slow(graph(100, 600, gen))
