@@ -76,7 +76,8 @@ def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder 
         store, so the growth only loads. Stop workers with
         :meth:`PaddedModel.close` or a ``with`` block (also done at exit).
     background_workers
-        At most this many background compiles at once (default 1).
+        At most this many background compiles (or, under
+        ``compile_mode="aot"``, package builds) at once (default 1).
     warm_ladder
         The first call also compiles (or, from ``compile_cache``, loads) the
         next ``warm_ladder`` rungs of caps, each one growth up in every count
