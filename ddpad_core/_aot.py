@@ -208,7 +208,7 @@ class AotRoute:
             self._refuse(form, str(exc))
             return self._fallback(key, padded, args, kwargs, fallback)
         out = package(one.tensors)
-        ref = run_step(self.model, self.call, self.dynamo_config, padded, args, kwargs)
+        ref = self._eager(padded, args, kwargs)
         mismatch = _close(out, ref, self.model)
         if mismatch is not None:
             self._refuse(form, f"its package disagrees with the eager step ({mismatch})")
@@ -230,9 +230,9 @@ class AotRoute:
         if key in self.fallback_checked:
             return fallback()
         if key in self.eager:
-            return run_step(self.model, self.call, self.dynamo_config, padded, args, kwargs)
+            return self._eager(padded, args, kwargs)
         out = fallback()
-        ref = run_step(self.model, self.call, self.dynamo_config, padded, args, kwargs)
+        ref = self._eager(padded, args, kwargs)
         mismatch = _close(out, ref, self.model)
         if mismatch is None:
             self.fallback_checked.add(key)
@@ -242,6 +242,10 @@ class AotRoute:
         log.warning("ddpad: torch.compile disagrees with the eager step too (%s): these caps and call form run "
                     "eager; report it to PyTorch with the model", mismatch)
         return ref
+
+    def _eager(self, padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The eager step on the padded input (what every check compares with)."""
+        return run_step(self.model, self.call, self.dynamo_config, padded, args, kwargs)
 
     # -- packages -------------------------------------------------------------
 

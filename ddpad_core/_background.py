@@ -74,8 +74,9 @@ class Background:
     def after_call(self, owner: _Owner, data: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
                    resolved: list[CapResolution]) -> None:
         """Reap finished workers; start workers for caps whose fill passed the threshold."""
-        for target in _reap(self.running, self.logs):
-            log.warning("a background compile for caps %s failed; see %s", dict(target), self.logs.pop(target))
+        for target, code in _reap(self.running, self.logs).items():
+            log.warning("a background compile for caps %s failed (exit %s); see %s", dict(target), code,
+                        self.logs.pop(target))
         if self.sizer is not None and not self.sizer.settled:
             return  # rungs above caps about to be fitted would never be reached
         current = tuple(sorted(owner.cap_state.items()))
@@ -118,7 +119,6 @@ class Background:
         self.ladder.close_background()
 
 
-
 class PackageBuilds:
     """Ahead-of-time packages built in worker processes (``compile_mode="aot"``
     with ``aot_build="background"``), one per package signature, at most
@@ -127,8 +127,8 @@ class PackageBuilds:
     until the package is in the store, then loads it."""
 
     def __init__(self, owner: _Owner, store_root: pathlib.Path, workers: int,
-                 compile_kwargs: Mapping[str, Any], stats: Any = None) -> None:
-        self.stats = stats  # counts aot_background (builds started)
+                 compile_kwargs: Mapping[str, Any], stats: Any) -> None:
+        self.stats = stats  # its aot_background counts the builds started
         self.store_root = store_root
         self.folder = store_root / "background"
         self.workers = workers
@@ -140,9 +140,14 @@ class PackageBuilds:
         self._finalizer = weakref.finalize(owner, _stop, self.running)
 
     @property
+    def pending(self) -> int:
+        """Builds running or queued."""
+        return len(self.running) + len(self.queued)
+
+    @property
     def active(self) -> bool:
         """Whether a build is running or queued (the run polls them)."""
-        return bool(self.running or self.queued)
+        return self.pending > 0
 
     def status(self, signature: str, owner: _Owner, caps: Mapping[str, int], data: Any, args: tuple[Any, ...],
                kwargs: Mapping[str, Any]) -> str | None:
@@ -169,8 +174,7 @@ class PackageBuilds:
             del self.queued[signature]
             try:
                 self.running[signature], self.logs[signature] = launch(spec)
-                if self.stats is not None:
-                    self.stats.aot_background += 1
+                self.stats.aot_background += 1
                 log.info("building an ahead-of-time package in the background (pid %d)",
                          self.running[signature].pid)
             except WorkerError as exc:
@@ -184,7 +188,7 @@ class PackageBuilds:
             self.poll()
             time.sleep(0.2)
         self.poll()
-        return len(self.running) + len(self.queued)
+        return self.pending
 
     def close(self) -> None:
         """Stop running builds (a stopped one leaves no entry) and drop the queue."""
@@ -197,6 +201,7 @@ class PackageBuilds:
 
 # a package build's worker: the ahead-of-time route, built in its process, at exactly the caps sent
 PACKAGE_BUILD = {"compile_mode": "aot", "aot_build": "foreground", "cap_policy": "headroom"}
+
 
 class WorkerError(Exception):
     """A worker could not be started (the message says why)."""
@@ -261,10 +266,10 @@ def _last_line(log_path: pathlib.Path) -> str:
     return f"its background build failed ({lines[-1].strip()[:300] if lines else 'no output'}; log: {log_path})"
 
 
-def _reap(running: dict[Any, subprocess.Popen[bytes]], logs: dict[Any, pathlib.Path]) -> list[Any]:
+def _reap(running: dict[Any, subprocess.Popen[bytes]], logs: dict[Any, pathlib.Path]) -> dict[Any, int]:
     """Drop finished workers from ``running`` (and a clean exit's log);
-    returns the keys of those that failed (their logs stay in ``logs``)."""
-    failed = []
+    returns the exit codes of those that failed (their logs stay in ``logs``)."""
+    failed = {}
     for key, proc in list(running.items()):
         if proc.poll() is None:
             continue
@@ -273,7 +278,7 @@ def _reap(running: dict[Any, subprocess.Popen[bytes]], logs: dict[Any, pathlib.P
             with contextlib.suppress(OSError):
                 logs.pop(key).unlink()
         else:
-            failed.append(key)
+            failed[key] = proc.returncode
     return failed
 
 

@@ -157,20 +157,23 @@ class PaddedModel(torch.nn.Module):
                                                 **compile_kwargs)
             if self.store_binding is not None:
                 weakref.finalize(self, self.store_binding.flush)  # a backward compiled after the last call
-            root = opts.compile_cache.root if isinstance(opts.compile_cache, CompileStore) else opts.compile_cache
+            cache = opts.compile_cache
+            root = pathlib.Path(cache.root if isinstance(cache, CompileStore) else cache).expanduser() \
+                if cache is not None else None
             if opts.background_compile is not None:
                 if adapter is None:
                     raise ValueError("ddpad: background_compile needs compile_cache= and an adapter (its workers "
                                      "compile into the store and rebuild the padder from the adapter)")
                 # (under compile_mode="aot" its workers build the next rung's package)
-                self.background = Background(self, self.ladder, pathlib.Path(root).expanduser(),
+                assert root is not None  # (WrapOptions: background_compile needs compile_cache)
+                self.background = Background(self, self.ladder, root,
                                              float(opts.background_compile), opts.background_workers, compile_kwargs,
                                              options=PACKAGE_BUILD if opts.compile_mode == "aot" else None)
             if opts.compile_mode == "aot":
                 self.aot = self._aot_route(opts, adapter)
-                if self.aot is not None and self.aot.store is not None and self._builds_elsewhere(opts, adapter):
-                    self.package_builds = PackageBuilds(self, pathlib.Path(root).expanduser(),
-                                                        opts.background_workers, compile_kwargs, self.stats)
+                if self.aot is not None and root is not None and self._builds_elsewhere(opts, adapter):
+                    self.package_builds = PackageBuilds(self, root, opts.background_workers, compile_kwargs,
+                                                        self.stats)
             if self.aot is None:
                 self.compiled = compile_model(model, self.stats, compile_region, self.store_binding,
                                               **compile_kwargs)

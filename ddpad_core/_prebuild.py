@@ -11,7 +11,6 @@ growth into any of them costs no trace, no compile and no load.
 
 from __future__ import annotations
 
-import logging
 import os
 import pathlib
 import time
@@ -28,8 +27,6 @@ from ._warm import warm_rungs
 
 __all__ = ["Prebuilt", "prebuild_packages"]
 
-log = logging.getLogger("ddpad")
-
 
 @dataclass
 class Prebuilt:
@@ -40,8 +37,12 @@ class Prebuilt:
     rungs: list[dict[str, int]]
     seconds: float
     failed: dict[str, str]  # caps (as text) -> why
-    fitted: bool
     sizing: Any  # the uncompiled PaddedModel that sized the caps (its save_caps writes them for a run)
+
+    @property
+    def fitted(self) -> bool:
+        """Whether a tight sizing fitted the caps (a run from them keeps them)."""
+        return self.sizing.sizer is not None and self.sizing.sizer.settled
 
 
 def prebuild_packages(model: torch.nn.Module, adapter: Any, data: Any, *, store: str | os.PathLike[str] | CompileStore,
@@ -76,7 +77,7 @@ def prebuild_packages(model: torch.nn.Module, adapter: Any, data: Any, *, store:
     ladder = warm_rungs(sizing.cap_state, sizing.last_resolutions, rungs, sizing.max_caps, sizing.sizer)
     targets = [dict(sizing.cap_state), *ladder]
     count = workers if workers is not None else min(len(targets), os.cpu_count() or 1)
-    builds = PackageBuilds(sizing, pathlib.Path(root), max(1, count), dict(compile_kwargs or {}), sizing.stats)
+    builds = PackageBuilds(sizing, root, max(1, count), dict(compile_kwargs or {}), sizing.stats)
     names = [repr(sorted(target.items())) for target in targets]
     try:
         for name, target in zip(names, targets):
@@ -88,5 +89,4 @@ def prebuild_packages(model: torch.nn.Module, adapter: Any, data: Any, *, store:
     if left:
         failed.update({name: f"still building after {timeout} s: stopped" for name in names
                        if name not in builds.finished})
-    fitted = sizing.sizer is not None and sizing.sizer.settled
-    return Prebuilt(dict(sizing.cap_state), ladder, time.perf_counter() - t0, failed, fitted, sizing)
+    return Prebuilt(dict(sizing.cap_state), ladder, time.perf_counter() - t0, failed, sizing)

@@ -1,8 +1,9 @@
 """A background compile's worker process: ``python -m ddpad._worker SPEC PARENT``.
 
 Rebuilds the padded model at the target caps from the spec
-:func:`~._background.spawn_worker` wrote, calls it once (compiling into the
-compile store, or under ``compile_mode="aot"`` building the package) and exits; it stops by itself when its parent is gone.
+:func:`~._background.write_spec` wrote, calls it once (compiling into the
+compile store, or under ``compile_mode="aot"`` building the package) and
+exits; it stops by itself when its parent is gone.
 """
 
 from __future__ import annotations

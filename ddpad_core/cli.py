@@ -542,7 +542,7 @@ def _finish_builds(wrapped: Any) -> None:
     builds = wrapped.package_builds
     if builds is None or not builds.active:
         return
-    print(f"waiting for {len(builds.running) + len(builds.queued)} ahead-of-time package build(s) in the "
+    print(f"waiting for {builds.pending} ahead-of-time package build(s) in the "
           "background, for the next run (Ctrl-C skips)", flush=True)
     t0 = time.perf_counter()
     try:
@@ -631,9 +631,10 @@ def cmd_precompile(args: argparse.Namespace) -> int:
 
     from ddpad import TightPolicy, wrap
 
-    preset = args.caps if _load_caps(args.caps, adapter.name) is not None else None  # checked first
+    loaded = _load_caps(args.caps, adapter.name)  # checked first
+    preset = args.caps if loaded is not None else None
     if args.aot:
-        return _precompile_packages(args, adapter, model, what, atoms, preset, device, dtype)
+        return _precompile_packages(args, adapter, model, what, atoms, loaded, device, dtype)
     # tight: the caps fitted to this system on the first call (a run's window is
     # ten steps), written where ddpad run looks for them, so the run starts there
     policy: Any = TightPolicy(settle=1) if args.cap_policy == "tight" else "headroom"
@@ -656,8 +657,8 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _precompile_packages(args: argparse.Namespace, adapter: Any, model: Any, what: str, atoms: Any, preset: Any,
-                         device: str, dtype: Any) -> int:
+def _precompile_packages(args: argparse.Namespace, adapter: Any, model: Any, what: str, atoms: Any,
+                         caps: dict[str, int] | None, device: str, dtype: Any) -> int:
     """``ddpad precompile --aot``: the caps' and rungs' packages, each built in
     its own worker process (``--workers`` at once)."""
     from ._prebuild import prebuild_packages
@@ -667,7 +668,6 @@ def _precompile_packages(args: argparse.Namespace, adapter: Any, model: Any, wha
     data = adapter.build_input(model, atoms)
     print(f"ddpad precompile --aot {adapter.name}: {what}, device {device}, {dtype}, store {args.compile_cache}; "
           f"{args.ladder} rung(s), packages built in worker processes", flush=True)
-    caps = _load_caps(preset, adapter.name) if preset is not None else None
     built = prebuild_packages(model, adapter, data, store=args.compile_cache, rungs=args.ladder,
                               workers=args.workers, caps=caps, tight=args.cap_policy == "tight",
                               call_kwargs=adapter.call_options(False), compile_kwargs={"backend": args.backend})
