@@ -16,6 +16,10 @@ import nox
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONSTRAINTS = str(ROOT / "tests" / "constraints.txt")
+# seconds one test may take in the default run (the slowest takes ~140 s on
+# a quiet 2-core machine): a hung test fails with its traceback instead of
+# holding the whole run until CI's limit stops it with nothing to read
+TEST_TIMEOUT = 900
 
 nox.options.sessions = [
     "core", "aimnet2", "mace", "uma", "nvalchemi", "lammps", "sevennet", "nequip", "allegro", "orb",
@@ -57,6 +61,11 @@ def _session(func: Callable[[nox.Session], None]) -> Callable[[nox.Session], Non
 
     @functools.wraps(func)
     def run(session: nox.Session) -> None:
+        # Python may cache the bytecode of what it imports: with
+        # PYTHONDONTWRITEBYTECODE set (as on CI's machines) and the packages
+        # installed --no-compile, every process compiled torch's source again
+        # (``import torch._inductor.compile_fx`` 21.6 s, 7.6 s once cached)
+        session.env["PYTHONDONTWRITEBYTECODE"] = None
         try:
             func(session)
         finally:
@@ -80,7 +89,7 @@ def _pytest(session: nox.Session, *tests: str) -> None:
         session.run("python", "-m", "pytest", *tests, *session.posargs)
     else:
         session.run("python", "-m", "pytest", *tests, "-m", "not inductor and not long", "--durations=8",
-                    "-n", "auto", "--dist", "worksteal", env={"OMP_NUM_THREADS": "1"})
+                    "-n", "auto", "--dist", "worksteal", f"--timeout={TEST_TIMEOUT}", env={"OMP_NUM_THREADS": "1"})
 
 
 def _install(session: nox.Session, extra: str) -> None:
@@ -96,7 +105,7 @@ def _installed(session: nox.Session, extras: str) -> None:
     ``extras`` listed as installed and run for two MD steps by ``ddpad run``
     (``tests/test_install.py``). The environment is the README's install
     line's: nothing is uninstalled or pinned after it but torch."""
-    session.run("python", "-m", "pytest", "tests/test_install.py", "-q",
+    session.run("python", "-m", "pytest", "tests/test_install.py", "-q", f"--timeout={TEST_TIMEOUT}",
                 env={"DDPAD_EXTRAS": extras, "OMP_NUM_THREADS": "1"})
 
 
