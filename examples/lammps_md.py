@@ -79,6 +79,9 @@ def main() -> None:
     parser.add_argument("--no-pad", action="store_true", help="compile without ddpad padding")
     parser.add_argument("--compile-cache", metavar="DIR",
                         help="compile store shared by the ranks: one compiles, the others load (default: none)")
+    parser.add_argument("--aot", action="store_true",
+                        help="compile_mode='aot': an AOTInductor package per caps, shared by the ranks through "
+                             "--compile-cache (one rank builds it, the others wait and load it)")
     parser.add_argument("--json", help="write thermo and per-rank stats here (rank 0)")
     args = parser.parse_args()
 
@@ -123,6 +126,8 @@ def main() -> None:
         thermo 1
     """)
     store = {"compile_cache": args.compile_cache} if args.compile_cache else {}
+    if args.aot:  # each rank builds under the entry's lock in its own process, or waits and loads
+        store.update(compile_mode="aot", aot_build="foreground")
     potential = Potential(lmp, model, adapter, ["C"], pad=not args.no_pad, backend=args.backend, **store)
 
     thermo = []
@@ -146,6 +151,8 @@ def main() -> None:
         "graphs": stats.graphs, "growths": stats.growth_calls, "caps": stats.caps,
         "graphs_compiled": stats.graphs_compiled, "graphs_loaded": stats.graphs_loaded,
         "compile_s": stats.compile_seconds, "load_s": stats.load_seconds,
+        "aot_compiled": stats.aot_compiled, "aot_loaded": stats.aot_loaded, "aot_checked": stats.aot_checked,
+        "aot_refused": stats.aot_refused,
         "ghosts": [r.n_ghost for r in potential.records],
         "local": [r.n_local for r in potential.records],
         "callback_seconds": potential.log.seconds,

@@ -76,7 +76,13 @@ def _session(func: Callable[[nox.Session], None]) -> Callable[[nox.Session], Non
     return nox.session(python="3.11")(run)
 
 
-def _pytest(session: nox.Session, *tests: str) -> None:
+# in an adapter's session, the registry tests that read the installed model
+# package (the rest of test_registry.py runs in core, with no model package)
+INSTALLED_REGISTRY = ("tests/test_registry.py::test_listing_is_lazy",
+                      "tests/test_registry.py::test_builtin_missing_package_names_the_extra")
+
+
+def _pytest(session: nox.Session, *tests: str, extras: str | None = None) -> None:
     """pytest on ``tests``. Arguments after ``--`` replace the default, which
     leaves out the long inductor compiles and the multi-minute comparison
     runs, to keep the whole run under an hour (``nox -f tests/noxfile.py --
@@ -84,12 +90,16 @@ def _pytest(session: nox.Session, *tests: str) -> None:
     worker per core, each on one thread: most test time is single-threaded
     Dynamo tracing, and two workers of two threads each oversubscribe two
     cores (AIMNet2 session measured at 221 s one worker, 165 s two workers,
-    147 s two single-threaded workers)."""
+    147 s two single-threaded workers). With ``extras``, the install check
+    (``tests/test_install.py``) runs among them, on the same workers."""
+    env = {"DDPAD_EXTRAS": extras} if extras else {}
+    tests = ("tests/test_install.py", *tests) if extras else tests
     if session.posargs:
-        session.run("python", "-m", "pytest", *tests, *session.posargs)
+        session.run("python", "-m", "pytest", *tests, *session.posargs, env=env)
     else:
         session.run("python", "-m", "pytest", *tests, "-m", "not inductor and not long", "--durations=8",
-                    "-n", "auto", "--dist", "worksteal", f"--timeout={TEST_TIMEOUT}", env={"OMP_NUM_THREADS": "1"})
+                    "-n", "auto", "--dist", "worksteal", f"--timeout={TEST_TIMEOUT}",
+                    env={**env, "OMP_NUM_THREADS": "1"})
 
 
 def _install(session: nox.Session, extra: str) -> None:
@@ -101,19 +111,22 @@ def _install(session: nox.Session, extra: str) -> None:
 
 
 def _installed(session: nox.Session, extras: str) -> None:
-    """Before any other test, what a user's install gives: each adapter of
-    ``extras`` listed as installed and run for two MD steps by ``ddpad run``
-    (``tests/test_install.py``). The environment is the README's install
-    line's: nothing is uninstalled or pinned after it but torch."""
+    """On its own, before anything else is installed: what a user's install
+    gives (``tests/test_install.py``), for a session that installs more
+    after it."""
     session.run("python", "-m", "pytest", "tests/test_install.py", "-q", f"--timeout={TEST_TIMEOUT}",
                 env={"DDPAD_EXTRAS": extras, "OMP_NUM_THREADS": "1"})
 
 
 def _adapter_session(session: nox.Session, extra: str, *tests: str) -> None:
-    """Install ddpad with ``extra`` (and torch pinned), check the install, run ``tests``."""
+    """Install ddpad with ``extra`` (and torch pinned) and run ``tests`` with
+    the install check: each adapter of the extras listed as installed and
+    run for two MD steps by ``ddpad run`` in the README's install line's
+    environment (nothing uninstalled or pinned after it but torch). It runs
+    among the other tests: run on its own first it cost 70-117 s a session,
+    most of it waiting on one core."""
     _install(session, f"{extra},test")
-    _installed(session, extra)
-    _pytest(session, *tests)
+    _pytest(session, *tests, extras=extra)
 
 
 @_session
@@ -129,7 +142,7 @@ def core(session: nox.Session) -> None:
 @_session
 def aimnet2(session: nox.Session) -> None:
     """The AIMNet2 adapter against the aimnet package."""
-    _adapter_session(session, "aimnet2", "tests/test_aimnet2.py", "tests/test_registry.py")
+    _adapter_session(session, "aimnet2", "tests/test_aimnet2.py", *INSTALLED_REGISTRY)
 
 
 @_session
@@ -141,14 +154,15 @@ def mace(session: nox.Session) -> None:
     _install(session, "mace,torchsim,test")
     _installed(session, "mace,torchsim")
     session.install("--no-compile", "-c", CONSTRAINTS, "./tests/plugin_pkg")
-    _pytest(session, "tests/test_mace.py", "tests/test_registry.py", "tests/test_readme.py", "tests/test_torchsim.py")
-    _pytest(session, "tests/test_cli.py", "-k", "elements")
+    _pytest(session, "tests/test_mace.py", *INSTALLED_REGISTRY, "tests/test_readme.py", "tests/test_torchsim.py",
+            "tests/test_cli.py::test_elements_the_model_does_not_know_are_one_line",
+            "tests/test_cli.py::test_random_model_is_built_for_the_systems_elements")
 
 
 @_session
 def uma(session: nox.Session) -> None:
     """The UMA adapter against fairchem-core (e3nn >= 0.5: its own environment)."""
-    _adapter_session(session, "uma", "tests/test_uma.py", "tests/test_registry.py")
+    _adapter_session(session, "uma", "tests/test_uma.py", *INSTALLED_REGISTRY)
 
 
 @_session
@@ -167,27 +181,27 @@ def lammps(session: nox.Session) -> None:
 def sevennet(session: nox.Session) -> None:
     """The SevenNet adapter against sevenn (e3nn >= 0.5: its own environment),
     torch-sim included (the conformance kit runs it where it is installed)."""
-    _adapter_session(session, "sevennet,torchsim", "tests/test_sevennet.py", "tests/test_registry.py")
+    _adapter_session(session, "sevennet,torchsim", "tests/test_sevennet.py", *INSTALLED_REGISTRY)
 
 
 @_session
 def nequip(session: nox.Session) -> None:
     """The NequIP adapter against nequip, torch-sim included."""
-    _adapter_session(session, "nequip,torchsim", "tests/test_nequip.py", "tests/test_registry.py")
+    _adapter_session(session, "nequip,torchsim", "tests/test_nequip.py", *INSTALLED_REGISTRY)
 
 
 @_session
 def allegro(session: nox.Session) -> None:
     """The Allegro adapter against nequip-allegro, and in LAMMPS (the strictly
     local model for domain decomposition)."""
-    _adapter_session(session, "allegro,lammps,torchsim", "tests/test_allegro.py", "tests/test_registry.py",
+    _adapter_session(session, "allegro,lammps,torchsim", "tests/test_allegro.py", *INSTALLED_REGISTRY,
                      "tests/test_lammps.py")
 
 
 @_session
 def orb(session: nox.Session) -> None:
     """The Orb adapter against orb-models, torch-sim included."""
-    _adapter_session(session, "orb,torchsim", "tests/test_orb.py", "tests/test_registry.py")
+    _adapter_session(session, "orb,torchsim", "tests/test_orb.py", *INSTALLED_REGISTRY)
 
 
 @_session
@@ -195,4 +209,5 @@ def mattersim(session: nox.Session) -> None:
     """The MatterSim adapter against mattersim, torch-sim included (the
     torchvision mattersim requires stays installed, unimported: see the
     extra's torchmetrics pin in pyproject.toml)."""
+    # the whole registry module: its broken-package tests shadow a real mattersim here
     _adapter_session(session, "mattersim,torchsim", "tests/test_mattersim.py", "tests/test_registry.py")

@@ -196,6 +196,27 @@ def test_two_ranks_compile_once_through_a_shared_store(tmp_path: pathlib.Path, m
     assert sum(r["compile_s"] for r in shared) <= 1.2 * one_rank_s
 
 
+@MACE
+@pytest.mark.inductor
+def test_two_ranks_share_one_aot_package(tmp_path: pathlib.Path) -> None:
+    """``compile_mode="aot"`` under LAMMPS (issue 25): two MPI ranks agree on
+    caps, so their package is one store entry; one rank builds it, the other
+    waits and loads it, and neither traces a graph. The thermo matches the
+    eager-checked one-rank run of the same steps on ``torch.compile``."""
+    steps = "3"
+    store = str(tmp_path / "store")
+    aot = _mpirun(tmp_path, 2, "--steps", steps, "--aot", "--compile-cache", store, timeout=3600)
+    ref = _mpirun(tmp_path, 1, "--steps", steps)
+    ranks = aot["ranks"]
+    assert ranks[0]["caps"] == ranks[1]["caps"]
+    assert sorted((r["aot_compiled"], r["aot_loaded"]) for r in ranks) == [(0, 1), (1, 0)], ranks
+    assert all(r["aot_refused"] == 0 and r["aot_checked"] == 1 and r["graphs"] == 0 for r in ranks), ranks
+    for a, b in zip(ref["thermo"], aot["thermo"]):
+        for key in ("pe", "etotal", "press"):
+            assert b[key] == pytest.approx(a[key], rel=1e-8, abs=1e-10), (a["step"], key)
+    assert aot["check"]["energy"] < 1e-12 and aot["check"]["forces"] < 1e-10
+
+
 @ALLEGRO
 @pytest.mark.slow
 def test_allegro_two_ranks_match_one_rank(tmp_path: pathlib.Path) -> None:
