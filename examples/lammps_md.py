@@ -125,10 +125,10 @@ def main() -> None:
         thermo_style custom step temp pe ke etotal press
         thermo 1
     """)
-    store = {"compile_cache": args.compile_cache} if args.compile_cache else {}
+    options = {"compile_cache": args.compile_cache} if args.compile_cache else {}
     if args.aot:  # each rank builds under the entry's lock in its own process, or waits and loads
-        store.update(compile_mode="aot", aot_build="foreground")
-    potential = Potential(lmp, model, adapter, ["C"], pad=not args.no_pad, backend=args.backend, **store)
+        options.update(compile_mode="aot", aot_build="foreground")
+    potential = Potential(lmp, model, adapter, ["C"], pad=not args.no_pad, backend=args.backend, **options)
 
     thermo = []
 

@@ -91,15 +91,17 @@ def _pytest(session: nox.Session, *tests: str, extras: str | None = None) -> Non
     Dynamo tracing, and two workers of two threads each oversubscribe two
     cores (AIMNet2 session measured at 221 s one worker, 165 s two workers,
     147 s two single-threaded workers). With ``extras``, the install check
-    (``tests/test_install.py``) runs among them, on the same workers."""
-    env = {"DDPAD_EXTRAS": extras} if extras else {}
-    tests = ("tests/test_install.py", *tests) if extras else tests
+    (``tests/test_install.py``) runs among them, on the same workers; with
+    arguments after ``--`` (which may select none of it) on its own first."""
     if session.posargs:
-        session.run("python", "-m", "pytest", *tests, *session.posargs, env=env)
+        if extras:
+            _installed(session, extras)
+        session.run("python", "-m", "pytest", *tests, *session.posargs)
     else:
-        session.run("python", "-m", "pytest", *tests, "-m", "not inductor and not long", "--durations=8",
-                    "-n", "auto", "--dist", "worksteal", f"--timeout={TEST_TIMEOUT}",
-                    env={**env, "OMP_NUM_THREADS": "1"})
+        env = {"DDPAD_EXTRAS": extras, "OMP_NUM_THREADS": "1"} if extras else {"OMP_NUM_THREADS": "1"}
+        session.run("python", "-m", "pytest", *(["tests/test_install.py"] if extras else []), *tests,
+                    "-m", "not inductor and not long", "--durations=8", "-n", "auto", "--dist", "worksteal",
+                    f"--timeout={TEST_TIMEOUT}", env=env)
 
 
 def _install(session: nox.Session, extra: str) -> None:
