@@ -11,17 +11,23 @@ processes: the store's lock), under the model's key, its weights' digest
 (the package holds them), the caps and the call form. A steady call runs the
 loaded package on the padder's stable buffers: no Dynamo, no guards.
 
-Never a wrong number: the first call at given caps in a process also runs
-the eager step on the same padded input and compares; a mismatch is logged
-and that form falls back to ``torch.compile``. A step the route cannot take
-(a data-dependent branch, an op the exporter refuses, a caller who
-differentiates the returned energy himself) falls back with one line naming
-the reason.
+Never a wrong number: the first call of a package in a process also runs
+the eager step on the same padded input and compares (:mod:`._verify`); a
+package that disagrees, or raises, is moved aside in the store with its
+reason (no process rebuilds or re-checks it) and that form falls back to
+``torch.compile``, whose own first call is checked in turn. A package names
+what it was built for in its own metadata (model key, weights, caps and call
+form), read before it is loaded: an entry holding another's package is moved
+aside unrun. A package never outlives the weights it holds: a change to the
+model's weights or hyper-parameters (:class:`~._weights.Watch`) re-keys the
+route, and the packages of the model as it now is are loaded or built. A
+step the route cannot take (a data-dependent branch, an op the exporter
+refuses, a caller who differentiates the returned energy himself) falls back
+with one line naming the reason, the model and its input as they were.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -36,39 +42,38 @@ from torch.utils import _pytree as pytree
 
 from ._compile import run_step
 from ._stats import Stats
-from ._store import CompileStore
+from ._store import CompileStore, _digest, model_fingerprint
+from ._verify import disagreement, fresh
+from ._weights import Watch, weights_digest
 
-__all__ = ["AotRoute", "Refused", "weights_digest"]
+__all__ = ["AotRoute", "Refused"]
 
 log = logging.getLogger("ddpad")
 
-# relative tolerance of the first call's check against the eager step, by the least precise
-# dtype at work: AOTInductor may fuse and reorder floating-point work the eager step does in order
-_RTOL = {torch.float64: 1e-8, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+# the package metadata entry naming what a package was built for (model key and weights / signature)
+_ENTRY = "ddpad.entry"
 
 
 class Refused(Exception):
-    """The ahead-of-time route cannot take this step; the message says why."""
+    """The ahead-of-time route cannot take this step; the message says why.
+    ``said``: the reason was already reported (a failed build worker's warning)."""
+
+    def __init__(self, reason: str, *, said: bool = False) -> None:
+        super().__init__(reason)
+        self.said = said
 
 
-def weights_digest(model: torch.nn.Module) -> str:
-    """A digest of ``model``'s parameters and buffers (a package holds them:
-    two models of one architecture with other weights must not share one)."""
-    h = hashlib.sha256()
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        h.update(name.encode())
-        data = tensor.detach().cpu().contiguous().reshape(-1)  # (a 0-d tensor has no byte view)
-        h.update(str(data.dtype).encode() + str(tuple(tensor.shape)).encode())
-        h.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
-    return h.hexdigest()[:32]
+class _Foreign(Exception):
+    """A store entry holds a package built for something else (its metadata says what)."""
 
 
 @dataclass
 class _Package:
-    """A loaded package and how to call it."""
+    """A loaded package, how to call it, and its store entry (None: built here, unsaved)."""
 
     runner: Callable[[list[torch.Tensor]], list[torch.Tensor]]  # the loader's boxed_run
     out_spec: Any
+    path: Any = None
 
     def __call__(self, leaves: list[torch.Tensor]) -> Any:
         return pytree.tree_unflatten(self.runner(list(leaves)), self.out_spec)  # (boxed: it takes the list)
@@ -115,35 +120,27 @@ def _differentiable(data: Any) -> bool:
     return any(isinstance(x, torch.Tensor) and x.requires_grad for x in pytree.tree_leaves(data))
 
 
-def _close(out: Any, ref: Any, model: torch.nn.Module | None = None) -> str | None:
-    """None when every output matches the eager step's within the tolerance
-    of the least precise floating dtype among the outputs and ``model``'s
-    parameters (a float32 model's float64 outputs carry float32 work), else
-    what differed."""
-    got, want = pytree.tree_flatten(out)[0], pytree.tree_flatten(ref)[0]
-    if len(got) != len(want):
-        return f"{len(got)} outputs, the eager step {len(want)}"
-    dtypes = {x.dtype for x in want if isinstance(x, torch.Tensor) and x.is_floating_point()}
-    dtypes |= {p.dtype for p in (model.parameters() if model is not None else ()) if p.is_floating_point()}
-    rtol = max((_RTOL.get(dtype, 1e-4) for dtype in dtypes), default=1e-4)
-    for i, (a, b) in enumerate(zip(got, want)):
-        if not isinstance(b, torch.Tensor):
-            if a != b:
-                return f"output {i}: {a!r} != {b!r}"
-            continue
-        a, b = a.detach(), b.detach()
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return f"output {i}: {tuple(a.shape)} {a.dtype}, the eager step {tuple(b.shape)} {b.dtype}"
-        if not b.is_floating_point():
-            if not torch.equal(a, b):
-                return f"output {i} differs"
-            continue
-        scale = float(b.abs().max()) if b.numel() else 0.0
-        tol = rtol * max(scale, 1.0)
-        worst = float((a - b).abs().max()) if b.numel() else 0.0
-        if not worst <= tol:  # (NaN fails too)
-            return f"output {i}: max deviation {worst:.3g} > {tol:.3g}"
-    return None
+class _ModuleState:
+    """Every submodule's attributes and its parameter, buffer and child slots
+    (and the tensors' ``requires_grad``), put back by :meth:`restore`: a
+    trace that fails half-way (or a model that caches what it traced) must
+    leave the model as it was for the route that runs next."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.saved = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules))
+                      for m in model.modules()]
+        self.grads = [(t, t.requires_grad) for t in [*model.parameters(), *model.buffers()]]
+
+    def restore(self) -> None:
+        for module, attrs, params, buffers, children in self.saved:
+            for now, then in ((module.__dict__, attrs), (module._parameters, params), (module._buffers, buffers),
+                              (module._modules, children)):
+                if now.keys() != then.keys() or any(now[k] is not v for k, v in then.items()):
+                    now.clear()
+                    now.update(then)
+        for tensor, flag in self.grads:
+            if tensor.requires_grad != flag and tensor.is_leaf:
+                tensor.requires_grad_(flag)
 
 
 class AotRoute:
@@ -157,30 +154,46 @@ class AotRoute:
     stats
         Where packages built / loaded / checked / refused are counted.
     store, model_key
-        The compile store and the model's key in it (None: packages live in
-        this process only).
+        The compile store and a function giving the model's key in it (the
+        architecture and hyper-parameters as they now are; None: packages
+        live in this process only).
+    verify
+        Check each package's first call against the eager step (``wrap``'s
+        ``verify``).
     """
 
     def __init__(self, model: torch.nn.Module, call: Callable[..., Any] | None, dynamo_config: Mapping[str, Any],
-                 stats: Stats, store: CompileStore | None = None, model_key: str | None = None) -> None:
+                 stats: Stats, store: CompileStore | None = None, model_key: Callable[[], str] | None = None,
+                 verify: bool = True) -> None:
         self.model = model
         self.call = call
         self.dynamo_config = dict(dynamo_config)
         self.stats = stats
         self.store = store
-        self.key = f"{model_key}-{weights_digest(model)}" if store is not None else None
+        self.model_key = model_key
+        self.verify = verify
+        self.watch = Watch(model)
+        self.key = self._key()
         self.packages: dict[tuple[Any, ...], _Package] = {}  # by _form
         self.refused: dict[tuple[Any, ...], str] = {}  # call form -> why
+        self.weights_bound: set[tuple[Any, ...]] = set()  # ... refused for its package's numbers: these weights only
         self.waiting: set[tuple[Any, ...]] = set()  # forms whose package another process builds
-        self.fallback_checked: set[tuple[Any, ...]] = set()  # torch.compile steps that matched the eager step
-        self.eager: set[tuple[Any, ...]] = set()  # ... and that did not: they run eager
+
+    def _key(self) -> str:
+        """The model's key (its store key, or without a store its
+        architecture's digest) and its weights' digest: the packages' folder."""
+        architecture = self.model_key() if self.model_key is not None else _digest(model_fingerprint(self.model))[:32]
+        return f"{architecture}-{weights_digest(self.model)}"
 
     def run(self, padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any], data: Any,
             fallback: Callable[[], Any], elsewhere: Callable[[str], str | None] | None = None) -> Any:
         """The step at ``padded``'s caps through its package; ``fallback()``
         (the ``torch.compile`` path) where the route cannot take it, and
-        while ``elsewhere`` (given a package's signature: None while it is
+        while ``elsewhere`` (given a package's build name: None while it is
         built in another process, ``""`` once built, else why not) builds it."""
+        changed = self.watch.changed()
+        if changed is not None:
+            self._rebind(changed)
         one = _Call.of(padded, args, kwargs)
         key = _form(one)
         package = self.packages.get(key)
@@ -188,60 +201,86 @@ class AotRoute:
             return package(one.tensors)
         form = one.constants
         if form in self.refused:
-            return self._fallback(key, padded, args, kwargs, fallback)
+            return fallback()
         try:
             if _differentiable(data):
                 raise Refused("the caller differentiates the returned outputs (an input requires grad); "
                               "a package returns plain tensors")
             signature = _signature(key)
-            if elsewhere is not None and self.store is not None:
-                if key in self.waiting or self._stored(signature) is None:
+            path = self.store.entry(self.key, f"aot-{signature}") if self.store is not None else None
+            if path is not None:
+                earlier = self.store.refusal(path)  # type: ignore[union-attr]
+                if earlier is not None:
+                    raise Refused(f"a package of these caps was refused before ({earlier}); remove "
+                                  f"{path.with_suffix('.refused.txt')} to build it again")
+                if elsewhere is not None and (key in self.waiting or not path.exists()):
                     self.waiting.add(key)
-                    why = elsewhere(signature)
+                    why = elsewhere(f"{self.key}/aot-{signature}")
                     if why is None:  # still building: this process runs torch.compile meanwhile
-                        return self._fallback(key, padded, args, kwargs, fallback)
+                        return fallback()
                     self.waiting.discard(key)
                     if why:
-                        raise Refused(why)
-            package = self._obtain(one, signature)
+                        raise Refused(why, said=True)
+            package = self._obtain(one, signature, path)
         except Refused as exc:
-            self._refuse(form, str(exc))
-            return self._fallback(key, padded, args, kwargs, fallback)
-        out = package(one.tensors)
-        ref = self._eager(padded, args, kwargs)
-        mismatch = _close(out, ref, self.model)
+            self._refuse(form, str(exc), said=exc.said)
+            return fallback()
+        before = fresh(padded) if self.verify else padded
+        try:
+            out = package(one.tensors)
+        except Exception as exc:  # noqa: BLE001 - a package that fails must not stop the run
+            self._discard(form, package, f"its package raised on its first call ({type(exc).__name__}: "
+                                         f"{_first_line(exc)})")
+            return fallback()
+        if not self.verify:
+            self.packages[key] = package
+            return out
+        t0 = time.perf_counter()
+        ref = self._eager(before, args, kwargs)
+        mismatch = disagreement(out, ref, self.model)
+        self.stats.checks += 1
+        self.stats.check_seconds += time.perf_counter() - t0
         if mismatch is not None:
-            self._refuse(form, f"its package disagrees with the eager step ({mismatch})")
+            self.stats.disagreements += 1
+            self._discard(form, package, f"its package disagrees with the eager step ({mismatch})")
             return ref
         self.stats.aot_checked += 1
         self.packages[key] = package
+        self.watch.mark()  # (what the check's eager step wrote into the model is not the user's change)
         return out
 
-    def _refuse(self, form: tuple[Any, ...], reason: str) -> None:
+    def _rebind(self, why: str) -> None:
+        """The model changed since the route was keyed: re-key it (the same
+        key, values written back unchanged: nothing to do) and drop the
+        packages of the model as it was."""
+        self.watch.mark()
+        key = self._key()
+        if key == self.key:
+            return
+        self.key = key
+        self.packages.clear()
+        self.waiting.clear()
+        for form in self.weights_bound:
+            self.refused.pop(form, None)
+        self.weights_bound.clear()
+        log.warning("ddpad: the model changed since its ahead-of-time packages were built (%s): the packages of "
+                    "the model as it now is are %s", why,
+                    "loaded from the store or built" if self.store is not None else "built")
+
+    def _refuse(self, form: tuple[Any, ...], reason: str, said: bool = False) -> None:
         self.refused[form] = reason
         self.stats.aot_refused += 1
-        log.warning("ddpad: compile_mode='aot' falls back to torch.compile for this call form: %s", reason)
+        if not said:
+            log.warning("ddpad: compile_mode='aot' falls back to torch.compile for this call form: %s", reason)
 
-    def _fallback(self, key: tuple[Any, ...], padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  fallback: Callable[[], Any]) -> Any:
-        """The ``torch.compile`` step, its first call at each caps checked
-        against the eager step as a package's is; where it disagrees too,
-        those caps and form run eager (said once)."""
-        if key in self.fallback_checked:
-            return fallback()
-        if key in self.eager:
-            return self._eager(padded, args, kwargs)
-        out = fallback()
-        ref = self._eager(padded, args, kwargs)
-        mismatch = _close(out, ref, self.model)
-        if mismatch is None:
-            self.fallback_checked.add(key)
-            return out
-        self.eager.add(key)
-        self.stats.aot_eager += 1
-        log.warning("ddpad: torch.compile disagrees with the eager step too (%s): these caps and call form run "
-                    "eager; report it to PyTorch with the model", mismatch)
-        return ref
+    def _discard(self, form: tuple[Any, ...], package: _Package, reason: str) -> None:
+        """A package that cannot be used: its entry moved aside (no process
+        uses, rebuilds or re-checks it), its form on ``torch.compile``."""
+        if package.path is not None and self.store is not None:
+            self.store.set_aside(package.path, "refused", reason, quiet=True)
+            reason += f"; its store entry was moved aside to {package.path.with_suffix('.refused').name}"
+        self.weights_bound.add(form)
+        self._refuse(form, reason)
 
     def _eager(self, padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The eager step on the padded input (what every check compares with)."""
@@ -249,30 +288,28 @@ class AotRoute:
 
     # -- packages -------------------------------------------------------------
 
-    def _obtain(self, one: _Call, signature: str) -> _Package:
-        """The package of this signature: from the store, or built (under the
-        entry's lock: one process builds, the others wait and load)."""
-        store, path = self.store, None
-        if store is not None and self.key is not None:
-            path = store.entry(self.key, f"aot-{signature}")
-            package = self._load(path)
-            if package is not None:
-                return package
-            with store.lock(path) as build_here:
-                if not build_here:
-                    package = self._load(path)
-                    if package is not None:
-                        return package
-                return self._build(one, path)
-        return self._build(one, None)
+    def _obtain(self, one: _Call, signature: str, path: Any) -> _Package:
+        """The package of this signature: from the store entry ``path``, or
+        built (under the entry's lock: one process builds, the others wait
+        and load); built here only, without a store."""
+        store = self.store
+        if store is None or path is None:
+            return self._build(one, None, "")
+        entry = f"{self.key}/aot-{signature}"
+        package = self._load(path, entry)
+        if package is not None:
+            return package
+        with store.lock(path) as build_here:
+            if not build_here:
+                package = self._load(path, entry)
+                if package is not None:
+                    return package
+            return self._build(one, path, entry)
 
-    def _stored(self, signature: str) -> Any:
-        """The store's entry path of ``signature`` if it exists, else None."""
-        assert self.store is not None and self.key is not None
-        path = self.store.entry(self.key, f"aot-{signature}")
-        return path if path.exists() else None
-
-    def _load(self, path: Any) -> _Package | None:
+    def _load(self, path: Any, entry: str) -> _Package | None:
+        """The package in the store entry ``path``, if it is there and was
+        built for ``entry`` (a package of other caps, weights or model is moved
+        aside unrun: run on another shape, a package reads out of bounds)."""
         assert self.store is not None
         t0 = time.perf_counter()
         payload = self.store.read(path)
@@ -281,20 +318,21 @@ class AotRoute:
         try:
             spec_size = int.from_bytes(payload[:8], "little")
             out_spec = pytree.treespec_loads(payload[8:8 + spec_size].decode())
-            runner = _load_package(payload[8 + spec_size:])
+            runner = _load_package(payload[8 + spec_size:], entry)
+        except _Foreign as exc:
+            self.store.set_aside(path, "foreign", str(exc))
+            return None
         except Exception as exc:  # noqa: BLE001 - a bad entry must never stop a run
-            log.warning("compile-store package %s is unusable (%s: %s); moved aside, building", path,
-                        type(exc).__name__, exc)
-            with contextlib.suppress(OSError):
-                os.replace(path, path.with_suffix(".corrupt"))
+            self.store.set_aside(path, "corrupt", f"{type(exc).__name__}: {_first_line(exc)}")
             return None
         self.stats.aot_loaded += 1
         self.stats.aot_load_seconds += time.perf_counter() - t0
-        return _Package(runner, out_spec)
+        return _Package(runner, out_spec, path)
 
-    def _build(self, one: _Call, path: Any) -> _Package:
-        """Trace (fake), export, compile with AOTInductor; the package is
-        saved to ``path`` (when given) before it first runs."""
+    def _build(self, one: _Call, path: Any, entry: str) -> _Package:
+        """Trace (fake), export, compile with AOTInductor; the package names
+        ``entry`` in its metadata and is saved to ``path`` (when given) before
+        it first runs. The model's state is put back whatever the trace did."""
         from torch.fx.experimental.proxy_tensor import make_fx
 
         t0 = time.perf_counter()
@@ -310,36 +348,43 @@ class AotRoute:
 
         tensors = one.tensors
         phases = [t0]  # trace, export, AOTInductor: logged, for where a build's time goes
+        state = _ModuleState(model)
         try:
             gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*tensors)
         except Exception as exc:  # noqa: BLE001 - a data-dependent branch, an untraceable op
             raise Refused(f"tracing the step failed ({type(exc).__name__}: {_first_line(exc)})") from exc
+        finally:
+            state.restore()
         try:
             inputs = tuple(t.detach() for t in tensors)
             phases.append(time.perf_counter())
             exported = torch.export.export(gm, inputs, strict=False)
             phases.append(time.perf_counter())
+            metadata = {_ENTRY: entry, "ddpad.form": repr(_form(one))[:4000]}
             with tempfile.TemporaryDirectory(prefix="ddpad-aot-") as tmp:
                 built = torch._inductor.aoti_compile_and_package(
-                    exported, package_path=os.path.join(tmp, "step.pt2"))
+                    exported, package_path=os.path.join(tmp, "step.pt2"),
+                    inductor_configs={"aot_inductor.metadata": metadata})
                 blob = _read(built)
         except Exception as exc:  # noqa: BLE001 - an op the exporter or AOTInductor refuses
             raise Refused(f"exporting or compiling the step failed ({type(exc).__name__}: {_first_line(exc)})") from exc
         out_spec = out_box[0]
         spec_bytes = pytree.treespec_dumps(out_spec).encode()
-        if path is not None and self.store is not None:
-            self.store.write(path, len(spec_bytes).to_bytes(8, "little") + spec_bytes + blob)
-        runner = _load_package(blob)
+        saved = path is not None and self.store is not None and self.store.write(
+            path, len(spec_bytes).to_bytes(8, "little") + spec_bytes + blob)
+        runner = _load_package(blob, entry)
         self.stats.aot_compiled += 1
         self.stats.aot_seconds += time.perf_counter() - t0
         phases.append(time.perf_counter())
         log.info("built an ahead-of-time package in %.1f s (trace %.1f s, export %.1f s, AOTInductor %.1f s; "
                  "%d bytes)", phases[-1] - t0, *(b - a for a, b in zip(phases, phases[1:])), len(blob))
-        return _Package(runner, out_spec)
+        return _Package(runner, out_spec, path if saved else None)
 
 
-def _load_package(blob: bytes) -> Callable[..., Any]:
-    """A package's runner, from its bytes. torch's ``aoti_load_package``
+def _load_package(blob: bytes, entry: str) -> Callable[..., Any]:
+    """A package's runner, from its bytes, once its metadata says it was
+    built for ``entry`` (``""``: not checked; else :class:`_Foreign`).
+    torch's ``aoti_load_package``
     first probes the CPU's vector ISAs by compiling and running test programs
     (1.5 s with a warm Inductor cache, 5-7 s without: most of a warm start)
     only to warn on a mismatch; the store's key holds the CPU capability the
@@ -348,10 +393,16 @@ def _load_package(blob: bytes) -> Callable[..., Any]:
     its ``boxed_run`` takes the flat tensors (torch's Python wrapper would
     parse the call's tree spec again on every call, and importing it pulls in
     ``torch.export``'s serializer and Dynamo: seconds)."""
+    loader_class = torch._C._aoti.AOTIModelPackageLoader
     with tempfile.NamedTemporaryFile(suffix=".pt2") as fh:
         fh.write(blob)
         fh.flush()
-        loader = torch._C._aoti.AOTIModelPackageLoader(fh.name, "model", False, 1, -1)
+        if entry:
+            built_for = loader_class.load_metadata_from_package(fh.name, "model").get(_ENTRY)
+            if built_for != entry:
+                raise _Foreign(f"it holds a package built for {built_for or 'something else (no ddpad metadata)'}, "
+                               f"not {entry}")
+        loader = loader_class(fh.name, "model", False, 1, -1)
     return loader.boxed_run
 
 

@@ -1,7 +1,7 @@
 """Compile the next rung in the background, so a growth only loads.
 
-When a cap's fill passes a threshold, :class:`Background` starts a worker
-process (``python -m ddpad._worker SPEC``, :mod:`._worker`) that rebuilds
+When a cap's need rises past every need seen at the current caps, to a
+fill past a threshold, :class:`Background` starts a worker process (``python -m ddpad._worker SPEC``, :mod:`._worker`) that rebuilds
 the padded model at the next rung of caps, calls it once on the last input
 and so writes the compiled graphs into the compile store; the rung joins
 the model's :class:`~._ladder.Ladder`, so the growth takes it and finds the
@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -34,8 +35,10 @@ import torch
 
 from ._capacity import CapResolution, TightCaps
 from ._ladder import Ladder, ladder, next_caps
+from ._store import CompileStore, aot_binding, bind_store, storable
+from ._weights import weights_digest
 
-__all__ = ["PACKAGE_BUILD", "Background", "PackageBuilds", "WorkerError", "launch", "write_spec"]
+__all__ = ["PACKAGE_BUILD", "Background", "PackageBuilds", "WorkerError", "expected_key", "launch", "write_spec"]
 
 log = logging.getLogger("ddpad")
 
@@ -48,6 +51,7 @@ class _Owner(Protocol):
     cap_state: dict[str, int]
     model: torch.nn.Module
     adapter: Any
+    source: torch.nn.Module | None  # the model before the adapter prepared it (None: not prepared)
 
 
 class Background:
@@ -68,22 +72,36 @@ class Background:
         self.targets: set[_Target] = set()  # caps compiled for, started
         self.logs: dict[_Target, pathlib.Path] = {}  # each running worker's log
         self.disabled = False
+        # the caps the needs below were seen at, and each key's highest need there (a tight fit's
+        # window included): a worker starts for a need that rises past them, not for one already seen
+        self.sized: _Target | None = None
+        self.peaks: dict[str, int] = {}
         # stop the workers when the model goes away or the interpreter exits
         self._finalizer = weakref.finalize(owner, _stop, self.running)
 
     def after_call(self, owner: _Owner, data: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
                    resolved: list[CapResolution]) -> None:
-        """Reap finished workers; start workers for caps whose fill passed the threshold."""
+        """Reap finished workers; start workers for caps the run is likely to
+        need: a key whose need rose past every need seen at these caps, to a
+        fill past the threshold (a fill already there when the caps were
+        sized, as right after a tight fit, says nothing about growth)."""
         for target, code in _reap(self.running, self.logs).items():
-            log.warning("a background compile for caps %s failed (exit %s); see %s", dict(target), code,
-                        self.logs.pop(target))
+            log.warning("ddpad: a background compile for caps %s failed: %s; the growth compiles in the "
+                        "foreground", dict(target), _failure(self.logs.pop(target), code))
         if self.sizer is not None and not self.sizer.settled:
             return  # rungs above caps about to be fitted would never be reached
         current = tuple(sorted(owner.cap_state.items()))
+        if current != self.sized:  # just sized (first call, fit, growth, shrink): for the needs seen so far
+            self.sized = current
+            seen = self.sizer.high if self.sizer is not None else {}
+            self.peaks = {r.key: max(r.need, seen.get(r.key, 0)) for r in resolved}
+            return
         for r in resolved:
             if self.disabled:  # (a start that failed turns them off: said once)
                 return
-            if r.cap == 0 or r.need / r.cap < self.threshold or len(self.running) >= self.workers:
+            peak = self.peaks.get(r.key, r.need)
+            self.peaks[r.key] = max(peak, r.need)
+            if r.need <= peak or r.cap == 0 or r.need / r.cap < self.threshold or len(self.running) >= self.workers:
                 continue
             # the next rung (every key but systems one bucket up: the growth
             # takes it) when r grows in it, else r alone one bucket up
@@ -135,8 +153,9 @@ class PackageBuilds:
         self.compile_kwargs = dict(compile_kwargs)
         self.running: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, pathlib.Path] = {}
-        self.queued: dict[str, pathlib.Path] = {}  # signature -> its written spec, in order
-        self.finished: dict[str, str] = {}  # signature -> "" (built) or why not
+        self.queued: dict[str, pathlib.Path] = {}  # name -> its written spec, in order
+        self.finished: dict[str, str] = {}  # name -> "" (built) or why not
+        self.caps: dict[str, dict[str, int]] = {}  # name -> the caps it is built at (for the warning)
         self._finalizer = weakref.finalize(owner, _stop, self.running)
 
     @property
@@ -149,36 +168,45 @@ class PackageBuilds:
         """Whether a build is running or queued (the run polls them)."""
         return self.pending > 0
 
-    def status(self, signature: str, owner: _Owner, caps: Mapping[str, int], data: Any, args: tuple[Any, ...],
+    def status(self, name: str, owner: _Owner, caps: Mapping[str, int], data: Any, args: tuple[Any, ...],
                kwargs: Mapping[str, Any]) -> str | None:
-        """None while ``signature``'s package is built elsewhere (its build
-        starts here if it is new); ``""`` once it is built (load it from the
-        store); else why it was not."""
-        if signature not in self.finished and signature not in self.running and signature not in self.queued:
+        """None while the package ``name`` (its store key and signature) is
+        built elsewhere (its build starts here if it is new); ``""`` once it
+        is built (load it from the store); else why it was not (said once, as
+        a warning, when it failed)."""
+        if name not in self.finished and name not in self.running and name not in self.queued:
+            self.caps[name] = dict(caps)
             try:
-                self.queued[signature] = write_spec(self.folder, owner, caps, self.store_root, self.compile_kwargs,
-                                                    data, args, kwargs, PACKAGE_BUILD)
+                self.queued[name] = write_spec(self.folder, owner, caps, self.store_root, self.compile_kwargs,
+                                               data, args, kwargs, PACKAGE_BUILD)
             except WorkerError as exc:
-                self.finished[signature] = str(exc)
+                self._failed(name, str(exc))
         self.poll()
-        return self.finished.get(signature)
+        return self.finished.get(name)
+
+    def _failed(self, name: str, why: str) -> None:
+        self.finished[name] = why
+        log.warning("ddpad: an ahead-of-time package build for caps %s failed: %s; those caps run torch.compile",
+                    self.caps.get(name, "?"), why)
 
     def poll(self) -> None:
         """Reap finished builds; start queued ones while a slot is free."""
         before = set(self.running)
-        failed = set(_reap(self.running, self.logs))
-        for signature in before - set(self.running):
-            self.finished[signature] = _last_line(self.logs.pop(signature)) if signature in failed else ""
+        failed = _reap(self.running, self.logs)
+        for name in before - set(self.running):
+            if name in failed:
+                self._failed(name, _failure(self.logs.pop(name), failed[name]))
+            else:
+                self.finished[name] = ""
         while self.queued and len(self.running) < self.workers:
-            signature, spec = next(iter(self.queued.items()))
-            del self.queued[signature]
+            name, spec = next(iter(self.queued.items()))
+            del self.queued[name]
             try:
-                self.running[signature], self.logs[signature] = launch(spec)
+                self.running[name], self.logs[name] = launch(spec)
                 self.stats.aot_background += 1
-                log.info("building an ahead-of-time package in the background (pid %d)",
-                         self.running[signature].pid)
+                log.info("building an ahead-of-time package in the background (pid %d)", self.running[name].pid)
             except WorkerError as exc:
-                self.finished[signature] = str(exc)
+                self._failed(name, str(exc))
 
     def wait(self, timeout: float | None = None) -> int:
         """Poll until no build runs or is queued, or ``timeout`` seconds
@@ -224,9 +252,9 @@ def write_spec(folder: pathlib.Path, owner: _Owner, caps: Mapping[str, int], sto
         folder.mkdir(parents=True, exist_ok=True)
         _prune(folder)
         torch.save({
-            "model": owner.model, "adapter": adapter, "caps": dict(caps), "store": str(store_root),
+            **_model_spec(owner), "adapter": adapter, "caps": dict(caps), "store": str(store_root),
             "compile_kwargs": dict(compile_kwargs), "options": dict(options), "data": data, "args": args,
-            "kwargs": dict(kwargs),
+            "kwargs": dict(kwargs), "expect": expected_key(owner, store_root, compile_kwargs, options),
         }, spec)
     except OSError as exc:  # a read-only or full store
         with contextlib.suppress(OSError):
@@ -237,6 +265,38 @@ def write_spec(folder: pathlib.Path, owner: _Owner, caps: Mapping[str, int], sto
             spec.unlink()
         raise WorkerError(f"the model cannot be pickled for a worker ({type(exc).__name__}: {exc})") from exc
     return spec
+
+
+def _model_spec(owner: _Owner) -> dict[str, Any]:
+    """How a worker rebuilds the model ``owner`` runs. A model the adapter
+    prepared goes as the model it was prepared from and the prepared model's
+    weights (its state dict, ``torch.compile``'s ``_orig_mod.`` level left
+    out): a pickle is not always the way back to a prepared model (e3nn pickles
+    its code-generated fx modules as TorchScript, which mace had prepared
+    without), so the worker prepares it again, as ``wrap`` did, and loads the
+    weights the run holds now. Any other model goes as it is."""
+    source = getattr(owner, "source", None)
+    if source is None:
+        return {"model": owner.model}
+    state = {key.replace("_orig_mod.", ""): value for key, value in owner.model.state_dict().items()}
+    return {"source": source, "state": state}
+
+
+def expected_key(owner: _Owner, store_root: pathlib.Path, compile_kwargs: Mapping[str, Any],
+                 options: Mapping[str, Any]) -> str | None:
+    """The store key under which this process looks for what a worker builds
+    for ``owner``: its packages' folder (``compile_mode="aot"``) or its
+    graphs'. The worker, which rebuilds the model from a pickle, must arrive
+    at the same key, or its work lands where nobody looks."""
+    adapter = owner.adapter
+    dynamo_config = adapter.dynamo_config if adapter is not None else {}
+    if options.get("compile_mode") == "aot":
+        _, key = aot_binding(owner.model, CompileStore(store_root), adapter, dynamo_config)
+        return f"{key}-{weights_digest(owner.model)}"
+    if not storable(compile_kwargs.get("backend", "inductor")):
+        return None
+    binding = bind_store(owner.model, store_root, adapter, dynamo_config, **compile_kwargs)
+    return binding.model_key if binding is not None else None
 
 
 def launch(spec: pathlib.Path) -> tuple[subprocess.Popen[bytes], pathlib.Path]:
@@ -257,13 +317,23 @@ def launch(spec: pathlib.Path) -> tuple[subprocess.Popen[bytes], pathlib.Path]:
     return proc, log_path
 
 
-def _last_line(log_path: pathlib.Path) -> str:
-    """Why a worker failed: its log's last line, and where the log is."""
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _failure(log_path: pathlib.Path, code: int) -> str:
+    """Why a worker failed: how it ended (an exit status, or the signal that
+    killed it), its log's last line, and where the log is."""
     try:
         lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         lines = []
-    return f"its background build failed ({lines[-1].strip()[:300] if lines else 'no output'}; log: {log_path})"
+    ended = f"exit status {code}" if code >= 0 else f"killed by {_signal_name(-code)}"
+    said = lines[-1].strip()[:300] if lines else "it printed nothing"
+    return f"its worker process ended with {ended} ({said}; log: {log_path})"
 
 
 def _reap(running: dict[Any, subprocess.Popen[bytes]], logs: dict[Any, pathlib.Path]) -> dict[Any, int]:

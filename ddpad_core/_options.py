@@ -36,6 +36,7 @@ class WrapOptions:
     cap_policy: Literal["tight", "headroom"] | TightPolicy | None = None
     compile_mode: Literal["dynamo", "aot"] = "dynamo"
     aot_build: Literal["background", "foreground"] | None = None
+    verify: bool = True
     compile_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -87,6 +88,9 @@ class WrapOptions:
         if self.aot_build == "background" and self.compile_cache is None:
             raise ValueError("ddpad: aot_build='background' needs compile_cache= (its workers put the packages "
                              "in the store, where this run and the next find them)")
+        if not isinstance(self.verify, bool):
+            raise TypeError(f"verify must be True (check every compiled graph's first call against the eager step) "
+                            f"or False, got {self.verify!r}")
         if self.on_recompile not in ("warn", "raise", "ignore"):
             raise ValueError(f"on_recompile must be 'warn', 'raise' or 'ignore', got {self.on_recompile!r}")
         if self.on_overflow not in ("raise", "eager"):

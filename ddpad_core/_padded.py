@@ -10,6 +10,7 @@ mode and statistics live in their own modules.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
@@ -27,7 +28,7 @@ import torch
 from ._agreement import AgreementError, current_agreement
 from ._aot import AotRoute
 from ._background import PACKAGE_BUILD, Background, PackageBuilds
-from ._capacity import CapacityError, CapResolution, TightCaps, _Scope, resolutions
+from ._capacity import CapacityError, CapResolution, TightCaps, _Scope, record_resolutions, resolutions
 from ._caps_file import caps_fitted, load_caps, save_caps
 from ._compile import compile_model, run_step
 from ._context import DistributedContext, activate_dd_context, current_dd_context
@@ -39,6 +40,7 @@ from ._shrink import Shrinker
 from ._stats import Stats
 from ._store import CompileStore, StoreBinding, aot_binding, bind_store
 from ._strict import RecompileError, call_form, guard_failure_counts, unexplained
+from ._verify import FirstUse
 from ._warm import warm, warm_rungs
 
 if TYPE_CHECKING:
@@ -118,6 +120,7 @@ class PaddedModel(torch.nn.Module):
         call: Callable[..., Any] | None = None,
         dynamo_config: Mapping[str, Any] | None = None,
         compile_region: Callable[[torch.nn.Module, Callable[[Any], Any]], Any] | None = None,
+        source: torch.nn.Module | None = None,
         **options: Any,
     ) -> None:
         super().__init__()
@@ -130,6 +133,8 @@ class PaddedModel(torch.nn.Module):
         self.adapter = adapter
         self.pad_in_forward = pad_in_forward
         self.call = call  # the adapter's step: (compiled, input, ...) -> output, or None
+        # the model before the adapter prepared it (None: not prepared): what a worker prepares again
+        self.__dict__["source"] = source  # (not a submodule: no second copy of the weights in state_dict)
         self.dynamo_config = dict(dynamo_config or {})
         self.on_recompile = opts.on_recompile
         self.max_caps: dict[str, int] = dict(opts.max_caps)  # lowered by a memory budget
@@ -142,7 +147,7 @@ class PaddedModel(torch.nn.Module):
         self.stats = Stats(caps=dict(self.cap_state), ladder=self.ladder)
         self.sizer: TightCaps | None = None  # cap_policy="tight" (set below, once the store is bound)
         self.shrinker: Shrinker | None = None
-        self._forms: set[tuple[Any, ...]] = set()  # (call form, caps) that ran
+        self._forms: set[tuple[Any, ...]] = set()  # (call form, caps) that ran compiled
         self.last_resolutions: list[CapResolution] = []  # of the last call that sized or grew a cap
         self._turns = _Turns()
         self.compiled: Callable[..., Any] = model
@@ -150,6 +155,8 @@ class PaddedModel(torch.nn.Module):
         self.background: Background | None = None
         self.aot: AotRoute | None = None  # compile_mode="aot": packages first, torch.compile where refused
         self.package_builds: PackageBuilds | None = None  # aot_build="background": the packages' workers
+        # every compiled graph's first call (per caps and call form) checked against the eager step
+        self.checks = FirstUse(self.stats, model) if opts.compile and opts.verify else None
         if opts.compile:
             compile_kwargs = dict(opts.compile_kwargs)
             if opts.compile_cache is not None:  # None for a backend with nothing to store (said once)
@@ -216,6 +223,8 @@ class PaddedModel(torch.nn.Module):
         measure = options.memory_budget is not None and index == 0
         pad_seconds, started = 0.0, time.perf_counter()
         sizer = self.sizer
+        if self.checks is not None:
+            self.checks.eager_only = False
         with _Scope(self.max_caps, self.ladder.ready, sizer) as rows:  # the call's resolutions (plain tuples)
             try:
                 if measure:
@@ -224,7 +233,7 @@ class PaddedModel(torch.nn.Module):
                     if index == 0 and options.compile:
                         log.info("compiling the model on its first call (caps sized at its padding seam)")
                     with activate_dd_context(self._context(trial)):
-                        out = self._run(data, args, kwargs)
+                        out = self._run(data, args, kwargs, None, trial)
                 else:
                     t0 = time.perf_counter()
                     padded = self.padder.pad(data, trial)
@@ -262,7 +271,8 @@ class PaddedModel(torch.nn.Module):
         # the form that ran (before a shrink changes the caps)
         form = (call_form(args, kwargs), tuple(self.cap_state.items()))  # (keys keep their order)
         new_form = form not in self._forms
-        self._forms.add(form)
+        if self.checks is None or not self.checks.eager_only:  # (no graph for caps that only ran eager)
+            self._forms.add(form)
         if index == 0 or self.shrinker is not None or self.background is not None or any(r[3] != r[4] for r in rows):
             self._sized(index, resolutions(rows), data, args, kwargs, fitted,
                         time.perf_counter() - started, stats.graphs > graphs_before, agreement is not None)
@@ -314,38 +324,70 @@ class PaddedModel(torch.nn.Module):
             log.warning("ddpad: compile_mode='aot' falls back to torch.compile: this model pads at its own seam "
                         "inside its forward, and a package needs the padded input from outside")
             return None
-        store = key = None
+        store = None
+        model_key: Callable[[], str] | None = None
         if opts.compile_cache is not None:
-            store, key = aot_binding(self.model, opts.compile_cache, adapter, self.dynamo_config)
-        return AotRoute(self.model, self.call, self.dynamo_config, self.stats, store, key)
+            store = opts.compile_cache if isinstance(opts.compile_cache, CompileStore) \
+                else CompileStore(opts.compile_cache)
+
+            def model_key() -> str:  # (again when the model's hyper-parameters change)
+                return aot_binding(self.model, store, adapter, self.dynamo_config)[1]
+        return AotRoute(self.model, self.call, self.dynamo_config, self.stats, store, model_key,
+                        verify=opts.verify)
 
     def _run(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any], source: Any = None,
-             caps: Mapping[str, int] | None = None) -> Any:
-        """One step on padded ``data``: its package (``compile_mode="aot"``;
-        ``source``, the caller's input, says whether the caller differentiates
-        the outputs, and is what a background build is sent with ``caps``),
-        else the compiled model."""
+             caps: dict[str, int] | None = None) -> Any:
+        """One step on padded ``data`` at ``caps`` (a model padding at its own
+        seam: its unpadded input, and the caps its seam resolves into): its
+        package (``compile_mode="aot"``; ``source``, the caller's input, says
+        whether the caller differentiates the outputs, and is what a
+        background build is sent), else the compiled model."""
         if self.aot is not None:
             builds, elsewhere = self.package_builds, None
             if builds is not None and caps is not None:
-                def elsewhere(signature: str) -> str | None:
+                def elsewhere(name: str) -> str | None:
                     sizer = self.sizer
                     if sizer is not None and not sizer.settled:  # caps about to be fitted: no build for them
                         return None
-                    return builds.status(signature, self, caps, source, args, kwargs)
-            return self.aot.run(data, args, kwargs, source, lambda: self._fallback_step(data, args, kwargs),
+                    return builds.status(name, self, caps, source, args, kwargs)
+            return self.aot.run(data, args, kwargs, source, lambda: self._fallback_step(data, args, kwargs, caps),
                                 elsewhere)
-        return self._compiled_step(data, args, kwargs)
+        return self._compiled_step(data, args, kwargs, caps)
 
-    def _fallback_step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _fallback_step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       caps: dict[str, int] | None) -> Any:
         """A step the ahead-of-time route refused: ``torch.compile``, built on the first one."""
         later = self.__dict__.pop("_compile_later", None)
         if later is not None:
             region, compile_kwargs = later
             self.compiled = compile_model(self.model, self.stats, region, self.store_binding, **compile_kwargs)
-        return self._compiled_step(data, args, kwargs)
+        return self._compiled_step(data, args, kwargs, caps)
 
-    def _compiled_step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _compiled_step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       caps: dict[str, int] | None) -> Any:
+        """The ``torch.compile`` step; its first call at each caps and call form
+        checked against the eager step (``verify``)."""
+        checks = self.checks
+        if checks is None or caps is None:
+            return self._step(data, args, kwargs)
+        form = call_form(args, kwargs)
+        rekey = (lambda: (form, tuple(caps.items()))) if self.pad_in_forward else None  # (its seam may grow them)
+        return checks.run((form, tuple(caps.items())), data, lambda d: self._step(d, args, kwargs),
+                          lambda d, again: self._eager_step(d, args, kwargs, again), caps, rekey)
+
+    def _eager_step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any], again: bool = False) -> Any:
+        """The eager step on the same padded input as the compiled one: the
+        model as it is; a model padding at its own seam runs its compiled
+        part eager (``force_eager``), padded at the seam through the active
+        context (``again``, after the compiled step padded it: to the same
+        caps, and the resolutions are not recorded twice)."""
+        if not self.pad_in_forward:
+            return run_step(self.model, self.call, self.dynamo_config, data, args, kwargs)
+        with torch.compiler.set_stance("force_eager"), record_resolutions() if again else contextlib.nullcontext():
+            return run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
+
+    def _step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One ``torch.compile`` step, unchecked."""
         if self.store_binding is None:
             return run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
         try:
@@ -393,7 +435,7 @@ class PaddedModel(torch.nn.Module):
             try:
                 if self.pad_in_forward:
                     with activate_dd_context(self._context(state, padder)):
-                        self._run(data, args, kwargs)
+                        self._run(data, args, kwargs, None, state)
                 else:
                     self._run(padder.pad(data, state), args, kwargs, data, state)
             finally:

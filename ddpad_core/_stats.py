@@ -92,16 +92,21 @@ class Stats:
     background_started, background_used, background_wasted
         Background compiles of the next bucket: started, whose caps a later
         growth reached, and finished or stopped without being reached.
+    checks, disagreements, check_seconds
+        First calls of a compiled graph or package (per caps and call form)
+        compared with the eager step on the same padded input (``verify``),
+        those that disagreed (each returned the eager result and fell back
+        one route), and the seconds the eager steps and comparisons took.
+    eager_forms
+        Caps and call forms that run eager: their ``torch.compile`` graph
+        disagreed with the eager step.
     aot_compiled, aot_loaded, aot_checked, aot_refused, aot_seconds, aot_load_seconds
         ``compile_mode="aot"``: packages built (traced, exported, compiled by
-        AOTInductor) and loaded from the store, first calls checked against
-        the eager step, call forms that fell back to ``torch.compile``, and
-        the seconds building and loading took.
+        AOTInductor) and loaded from the store, packages whose first call
+        matched the eager step, call forms that fell back to
+        ``torch.compile``, and the seconds building and loading took.
     aot_background
         Package builds started in worker processes (``aot_build="background"``).
-    aot_eager
-        Caps and call forms that run eager under ``compile_mode="aot"``: the
-        ``torch.compile`` fallback disagreed with the eager step too.
     rungs_warmed, rungs_used, warm_seconds
         Ladder rungs compiled or loaded by the first call (``warm_ladder``),
         the growths that took a ready rung (warmed, or a background
@@ -142,7 +147,10 @@ class Stats:
     aot_seconds: float = 0.0
     aot_load_seconds: float = 0.0
     aot_background: int = 0
-    aot_eager: int = 0
+    checks: int = 0
+    disagreements: int = 0
+    check_seconds: float = 0.0
+    eager_forms: int = 0
     ladder: Ladder = field(default_factory=Ladder, repr=False, compare=False)
 
     def record(self, call: int, resolved: list[CapResolution], fitted: bool = False) -> bool:
@@ -301,7 +309,7 @@ _COMPILE_FIELDS = (
     "background_started", "background_used", "background_wasted", "graphs_uncached",
     "rungs_warmed", "rungs_used", "warm_seconds",
     "aot_compiled", "aot_loaded", "aot_checked", "aot_refused", "aot_seconds", "aot_load_seconds", "aot_background",
-    "aot_eager",
+    "checks", "disagreements", "check_seconds", "eager_forms",
 )
 
 

@@ -26,9 +26,11 @@ while the others wait for it (bounded) and load. The lock file names its
 holder (pid, host, start) and the holder touches it every ``heartbeat``
 seconds: a waiter whose holder is dead, or silent for ``stale_after``
 seconds (stopped, hung on a shared file system), compiles itself. A lock
-file is removed once its entry is written. A store that cannot be written
-(read-only, full) is one warning: the run compiles without it and still
-reads what is there.
+file is removed when its holder is done, whether or not it wrote the
+entry. An entry that cannot be used (corrupt, built for something else,
+refused) is moved aside with its reason (:meth:`CompileStore.set_aside`). A
+store that cannot be written (read-only, full) is one warning: the run
+compiles without it and still reads what is there.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ import torch
 
 from ._fs import atomic_write, cache_dir
 from ._version import __version__
+from ._weights import plain
 
 if TYPE_CHECKING:
     from ddpad.adapters import Adapter
@@ -64,19 +67,12 @@ __all__ = ["CompileStore", "StoreBinding", "aot_binding", "bind_store", "default
 log = logging.getLogger("ddpad")
 
 _MAGIC = b"ddpad-compile/1\n"
-_PLAIN = (bool, int, float, str, type(None))
 
 
 def default_store_dir() -> pathlib.Path:
     """``compile`` in ddpad's user cache folder (``~/.cache/ddpad/compile``;
     see :func:`._fs.cache_dir`)."""
     return cache_dir() / "compile"
-
-
-def _plain(value: Any) -> bool:
-    if isinstance(value, _PLAIN):
-        return True
-    return isinstance(value, (tuple, list)) and len(value) <= 64 and all(isinstance(v, _PLAIN) for v in value)
 
 
 def model_fingerprint(model: torch.nn.Module) -> dict[str, Any]:
@@ -87,7 +83,7 @@ def model_fingerprint(model: torch.nn.Module) -> dict[str, Any]:
     ``requires_grad``."""
     modules = []
     for name, module in model.named_modules():
-        attrs = {k: v for k, v in sorted(vars(module).items()) if not k.startswith("_") and _plain(v)}
+        attrs = {k: v for k, v in sorted(vars(module).items()) if not k.startswith("_") and plain(v)}
         modules.append([name, f"{type(module).__module__}.{type(module).__qualname__}", attrs])
     tensors = [
         [name, list(t.shape), str(t.dtype), t.device.type, bool(t.requires_grad)]
@@ -237,9 +233,7 @@ class CompileStore:
             if header.get("torch") != torch.__version__:
                 raise ValueError(f"written by torch {header.get('torch')}, this is {torch.__version__}")
         except (ValueError, KeyError, TypeError) as exc:
-            log.warning("compile-store entry %s is unusable (%s); moved aside, compiling", path, exc)
-            with contextlib.suppress(OSError):
-                os.replace(path, path.with_suffix(".corrupt"))
+            self.set_aside(path, "corrupt", str(exc))
             return None
         return payload
 
@@ -276,11 +270,30 @@ class CompileStore:
         finally:
             torch_cache_log.setLevel(level)
         if loaded is None:
-            log.warning("compile-store entry %s is unusable (%s); moved aside, compiling", path, reason)
-            with contextlib.suppress(OSError):
-                os.replace(path, path.with_suffix(".corrupt"))
+            self.set_aside(path, "corrupt", reason)
             return False
         return True
+
+    def set_aside(self, path: pathlib.Path, kind: str, reason: str, *, quiet: bool = False) -> None:
+        """Move an entry that cannot be used to ``<entry>.<kind>``, with
+        ``reason`` beside it (``<entry>.<kind>.txt``), so no process uses it
+        again; one warning (``quiet``: the caller says it). ``kind``:
+        ``corrupt`` (unreadable), ``foreign`` (built for something else),
+        ``refused`` (it raised, or disagreed with the eager step:
+        :meth:`refusal` reads why, and nothing rebuilds it)."""
+        if not quiet:
+            log.warning("ddpad: compile-store entry %s is unusable (%s); moved aside to %s, compiling", path, reason,
+                        path.with_suffix(f".{kind}").name)
+        with contextlib.suppress(OSError):
+            os.replace(path, path.with_suffix(f".{kind}"))
+            path.with_suffix(f".{kind}.txt").write_text(reason + "\n")
+
+    def refusal(self, path: pathlib.Path) -> str | None:
+        """Why the entry ``path`` was refused (:meth:`set_aside`), or None."""
+        try:
+            return path.with_suffix(".refused.txt").read_text().strip() or "refused"
+        except OSError:
+            return None
 
     @contextlib.contextmanager
     def lock(self, path: pathlib.Path) -> Iterator[bool]:
@@ -324,10 +337,13 @@ class CompileStore:
         finally:
             if beating is not None:
                 beating.set()
+            # no lock file outlives its use: the entry is written (nobody needs it
+            # again), or this process held it and failed (a waiter holds its own
+            # descriptor and goes on; a newcomer makes a new file)
+            if locked or path.exists():
+                with contextlib.suppress(OSError):
+                    lock_path.unlink()
             if locked:
-                if path.exists():  # the entry is written: nobody needs this lock file again
-                    with contextlib.suppress(OSError):
-                        lock_path.unlink()
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 

@@ -4,6 +4,13 @@ Rebuilds the padded model at the target caps from the spec
 :func:`~._background.write_spec` wrote, calls it once (compiling into the
 compile store, or under ``compile_mode="aot"`` building the package) and
 exits; it stops by itself when its parent is gone.
+
+The model arrives pickled, and unpickling is not always the way back to the
+model the run holds (e3nn regenerates its code-generated modules as
+TorchScript, which mace had prepared without): a prepared model is sent as
+the model it was prepared from and its weights, the worker prepares it again
+as :func:`~ddpad.wrap` did, and it refuses to build under a store key other
+than the one the run looks under.
 """
 
 from __future__ import annotations
@@ -15,21 +22,40 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 import torch
 
 
 def _exit_with_parent(parent: int) -> None:
-    """A worker whose parent died (killed, crashed) stops too."""
-    while True:
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGKILL)
+    """A worker whose parent died (killed, crashed) stops too: SIGTERM first
+    (its ``finally`` blocks release the store's locks), SIGKILL if it lingers."""
+    while os.getppid() == parent:
         time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds: locks released, lock files removed
+
+
+def _prepared(spec: dict[str, Any], adapter: Any) -> torch.nn.Module:
+    """The model the run holds: sent as it is, or prepared here from the model
+    it was prepared from, with the run's weights loaded
+    (:func:`~._background.write_spec`)."""
+    if "source" not in spec:
+        return spec["model"]
+    model = adapter.prepare_model(spec["source"])
+    model.load_state_dict(spec["state"])
+    return model
 
 
 def main(spec_path: str, parent: int) -> int:
     """The worker: rebuild the padded model at the target caps, call it once
     (compiling into the store), exit."""
+    signal.signal(signal.SIGTERM, _terminated)
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     path = pathlib.Path(spec_path)
     try:
@@ -40,9 +66,17 @@ def main(spec_path: str, parent: int) -> int:
     from ._wrap import padded_model, resolve_adapter
 
     adapter = resolve_adapter(spec["adapter"])
-    options = {"on_recompile": "ignore", **spec.get("options", {})}
-    model = padded_model(spec["model"], adapter, caps=spec["caps"], compile_cache=spec["store"], **options,
-                         **spec["compile_kwargs"])
+    # (unchecked here: the run checks what it loads on its first use, as it checks all it compiles)
+    options = {"on_recompile": "ignore", "verify": False, **spec.get("options", {})}
+    model = padded_model(_prepared(spec, adapter), adapter, caps=spec["caps"], compile_cache=spec["store"],
+                         **options, **spec["compile_kwargs"])
+    expected = spec.get("expect")
+    key = model.aot.key if model.aot is not None else (model.store_binding.model_key if model.store_binding else None)
+    if expected is not None and key != expected:
+        print(f"ddpad background worker: the model rebuilt here has store key {key}, the run's is {expected}: "
+              f"what it built would land where the run does not look (each key's model.json in {spec['store']} "
+              "says what it was made of); nothing built", flush=True)
+        return 4
     t0 = time.perf_counter()
     model(spec["data"], *spec["args"], **spec["kwargs"])
     s = model.stats

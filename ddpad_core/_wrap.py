@@ -115,20 +115,23 @@ def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder 
     once take turns (a padder's buffers are the model's one input).
     """
     adapter = resolve_adapter(adapter)
+    source = None
     if adapter.prepare_model is not None:
         with quiet():  # the model package's known warnings, raised because ddpad prepares the model
-            model = adapter.prepare_model(model)
-    return padded_model(model, adapter, padder=padder, **options)
+            model, source = adapter.prepare_model(model), model
+    return padded_model(model, adapter, padder=padder, source=source, **options)
 
 
 def padded_model(model: torch.nn.Module, adapter: Adapter, *, padder: GraphPadder | None = None,
-                 **options: Any) -> PaddedModel:
+                 source: torch.nn.Module | None = None, **options: Any) -> PaddedModel:
     """:func:`wrap` for a model ``adapter.prepare_model`` has already prepared
-    (what a background worker rebuilds)."""
+    (from ``source``: what a worker prepares again; what a background worker
+    rebuilds)."""
     return PaddedModel(
         model,
         padder if padder is not None else adapter.make_padder(model),
         adapter=adapter,
+        source=source,
         pad_in_forward=adapter.pad_in_forward,
         call=adapter.call,
         dynamo_config=adapter.dynamo_config,

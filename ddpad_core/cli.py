@@ -519,8 +519,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"compiled graphs: {stats.graphs}; {_growth_summary(stats)}; "
           f"unexplained recompiles: {len(stats.unexplained)}")
     if stats.store_hits or stats.store_misses or stats.rungs_warmed or stats.aot_compiled or stats.aot_loaded \
-            or stats.aot_refused:  # not every backend stores
+            or stats.aot_refused or stats.background_started:  # not every backend stores
         print(_store_line(stats))
+    if not args.no_compile:
+        print(_checks_line(stats))
     print(_fill_line(stats, args.cap_policy))
     _save_caps(wrapped, caps_path)
     print(f"caps written to {caps_path} "
@@ -599,6 +601,8 @@ def _store_options(args: argparse.Namespace) -> dict[str, Any]:
             options["background_compile"] = args.background_compile
     if getattr(args, "warm_ladder", 0):
         options["warm_ladder"] = args.warm_ladder
+    if not getattr(args, "verify", True):
+        options["verify"] = False
     return options
 
 
@@ -608,12 +612,23 @@ def _store_line(stats: Any) -> str:
            f"loaded in {stats.aot_load_seconds:.2f} s, {stats.aot_checked} checked against eager, "
            f"{stats.aot_refused} call form(s) on torch.compile"
            if stats.aot_compiled or stats.aot_loaded or stats.aot_refused else "")
+    unused = stats.background_started - stats.background_used
     return (f"compile store: {stats.graphs_compiled} graph(s) compiled{uncached} in {stats.compile_seconds:.1f} s, "
             f"{stats.graphs_loaded} loaded in {stats.load_seconds:.1f} s ({stats.store_hits} hits, "
             f"{stats.store_misses} misses); background compiles: {stats.background_started} started, "
             f"{stats.background_used} used"
+            + (f" ({unused} unused: worker CPU time this run did not need)" if unused else "")
             + (f"; warm ladder: {stats.rungs_warmed} rung(s) in {stats.warm_seconds:.1f} s, {stats.rungs_used} "
                "growth(s) took one" if stats.rungs_warmed else "") + aot)
+
+
+def _checks_line(stats: Any) -> str:
+    """What the first-use checks found (``verify``)."""
+    line = (f"checked against the eager step: {stats.checks} compiled graph(s) on their first call, "
+            f"{stats.disagreements} disagreed ({stats.check_seconds:.2f} s)")
+    if stats.eager_forms:
+        line += f" ({stats.eager_forms} caps / call form(s) run eager: see the warnings above)"
+    return line
 
 
 def cmd_precompile(args: argparse.Namespace) -> int:
@@ -943,6 +958,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "rungs of caps, so growths up to them never wait for a compile (default: 0)")
     p_run.add_argument("--no-background-compile", dest="background_compile", action="store_const", const=None,
                        help="no background compiles (default: on)")
+    p_run.add_argument("--no-verify", dest="verify", action="store_false",
+                       help="skip the check of each compiled graph's first call against the eager step (one "
+                            "eager step per compiled graph; default: checked)")
     _verbose_option(p_run, argparse.SUPPRESS)
     p_run.set_defaults(func=cmd_run)
 

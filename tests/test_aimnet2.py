@@ -152,9 +152,9 @@ def test_joined_dead_atoms_leak_own_dead_molecule_does_not() -> None:
     assert leak > 1e-3, f"join placement expected to leak, measured {leak:g}"
 
 
-@pytest.mark.slow
-@pytest.mark.inductor
 def test_inductor_one_graph() -> None:
+    """A real inductor compile in the default run, its first call checked
+    against the eager step."""
     model = random_model()
     batches = trajectory(model, 6, seed=5)
     wrapped = adapters.get("aimnet2").wrap(
@@ -166,6 +166,24 @@ def test_inductor_one_graph() -> None:
         for data in batches:
             assert_close(wrapped(data), evaluate(model, data), 1e-4)
     assert wrapped.stats.graphs == 1 and wrapped.stats.growths == []
+    assert (wrapped.stats.checks, wrapped.stats.disagreements) == (1, 0)
+
+
+def test_compile_mode_aot_falls_back_with_the_eager_numbers() -> None:
+    """The route refuses aimnet's trace (a custom kernel without a fake
+    implementation) and falls back to torch.compile, whose first call is
+    checked. Before: the check handed the compiled step's input dict, which
+    aimnet writes its intermediates into, to the eager step, and the call
+    raised ``Trying to backward through the graph a second time``."""
+    model = random_model()
+    wrapped = adapters.get("aimnet2").wrap(model, compile_mode="aot", aot_build="foreground", backend="aot_eager",
+                                           cap_policy="headroom")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for data in trajectory(model, 3, seed=6):
+            assert_close(wrapped(data), evaluate(model, data), 1e-4)
+    s = wrapped.stats
+    assert s.aot_refused == 1 and s.aot_compiled == 0 and s.checks >= 1 and s.disagreements == 0
 
 
 def test_build_input_rejects_periodic() -> None:

@@ -182,8 +182,10 @@ def test_background_worker_starts_at_the_threshold_and_close_stops_it(tmp_path: 
     wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=tmp_path, background_compile=0.5,
                          cap_policy="headroom")
     with wrapped:
-        wrapped(_data(model))
-        assert wrapped.stats.background_started >= 1  # edges fill 0.73 > 0.5
+        wrapped(_data(model, 20))  # the caps as sized: whatever their fill, nothing starts
+        assert wrapped.stats.background_started == 0
+        wrapped(_data(model, 22))  # needs rising past what was seen, to fills past 0.5
+        assert wrapped.stats.background_started >= 1
         assert wrapped.background is not None
         procs = list(wrapped.background.running.values())
         assert procs and all(p.poll() is None for p in procs)
@@ -201,7 +203,8 @@ def test_background_workers_do_not_outlive_their_run(tmp_path: pathlib.Path, end
         wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=sys.argv[1],
                              background_compile=0.5,
                          cap_policy="headroom")
-        wrapped(_data(model))
+        wrapped(_data(model, 20))
+        wrapped(_data(model, 22))
         print(" ".join(str(p.pid) for p in wrapped.background.running.values()), flush=True)
         if {ending!r} == "killed":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -297,6 +300,7 @@ def test_a_growth_loads_what_a_background_worker_compiled(tmp_path: pathlib.Path
     with ddpad.wrap(model, toy.ADAPTER, compile_cache=tmp_path / "store", background_compile=0.7,
                     cap_policy="headroom") as wrapped:
         wrapped(_data(model, 20))  # 300 edges: cap 416
+        wrapped(_data(model, 21))  # more edges, fill past 0.7
         assert wrapped.stats.background_started == 1 and wrapped.background is not None
         (worker,) = wrapped.background.running.values()
         assert worker.wait(900) == 0

@@ -15,7 +15,8 @@ CORE = pathlib.Path(__file__).resolve().parents[1] / "ddpad_core"
 ORDER = [
     "_version", "_noise", "_fs", "_protocol", "_agreement", "_capacity", "_context",
     "_padders",
-    "_ladder", "_stats", "_caps_file", "_memory", "_shrink", "_store", "_strict", "_compile", "_aot",
+    "_ladder", "_stats", "_caps_file", "_memory", "_shrink", "_weights", "_store", "_strict", "_compile", "_verify",
+    "_aot",
     "_warm", "_background", "_options", "_padded", "_wrap", "_evaluator", "_worker", "_prebuild",
     "ase", "torchsim", "testing", "engines", "_overhead", "_bench", "_warmstart", "_steady", "cli", "__main__",
 ]

@@ -159,9 +159,9 @@ def test_two_rank_agreement_identical_caps(tmp_path: pathlib.Path) -> None:
     assert results[0]["collectives"] == results[1]["collectives"] == 6
 
 
-@pytest.mark.slow
-@pytest.mark.inductor
 def test_inductor_20_steps_one_graph() -> None:
+    """A real inductor compile in the default run, its first call checked
+    against the eager step (the check is what guards Inductor's numbers)."""
     model = random_model()
     adapter = adapters.get("mace")
     rng = np.random.default_rng(4)
@@ -175,6 +175,58 @@ def test_inductor_20_steps_one_graph() -> None:
         for data in steps:
             assert_exact(wrapped(data, compute_stress=True), reference(model, data), atol=1e-9)
     assert wrapped.stats.graphs == 1 and wrapped.stats.growths == []
+    assert (wrapped.stats.checks, wrapped.stats.disagreements) == (1, 0)
+
+
+def test_a_worker_rebuilds_the_model_under_the_runs_store_key(tmp_path: pathlib.Path) -> None:
+    """A worker (background compile, package build) must rebuild the very
+    model the run holds. Before: it unpickled the prepared model, and e3nn
+    pickles its code-generated fx modules as TorchScript: another store key
+    (a second copy of every package, which the next run did not find) and a
+    fake trace that failed (``DataDependentOutputException: aten.equal``).
+    Now it prepares the model again from the one ``wrap`` prepared, with the
+    run's weights loaded (changed after wrapping, here)."""
+    from ddpad._background import PACKAGE_BUILD, expected_key, write_spec
+    from ddpad._store import model_fingerprint
+    from ddpad._weights import weights_digest
+    from ddpad._worker import _prepared
+
+    adapter = adapters.get("mace")
+    wrapped = adapter.wrap(random_model(), compile=False)
+    with torch.no_grad():
+        next(wrapped.model.parameters()).mul_(1.5)  # fine-tuned after wrapping
+    data = adapter.build_input(wrapped.model, structure(0, np.random.default_rng(0)))
+    spec = write_spec(tmp_path / "background", wrapped, {"atoms": 48}, tmp_path, {}, data, (), {}, PACKAGE_BUILD)
+    rebuilt = _prepared(torch.load(spec, weights_only=False), adapter)
+    assert model_fingerprint(rebuilt) == model_fingerprint(wrapped.model)
+    assert weights_digest(rebuilt) == weights_digest(wrapped.model)
+    key = expected_key(wrapped, tmp_path, {}, PACKAGE_BUILD)
+    assert key is not None and key.endswith(weights_digest(wrapped.model))
+    out = adapter.call(rebuilt, {k: v.clone() for k, v in data.items()})
+    ref = adapter.call(wrapped.model, {k: v.clone() for k, v in data.items()})
+    torch.testing.assert_close(out["energy"], ref["energy"], rtol=0, atol=0)
+
+
+def test_precompile_aot_then_a_fresh_run_loads_and_checks_the_package(tmp_path: pathlib.Path) -> None:
+    """A real AOTInductor build of MACE in the default run: ``ddpad precompile
+    mace --aot`` builds the fitted caps' package in a worker (before: every
+    build failed there), and a fresh ``ddpad run mace --aot`` loads it,
+    checks its first call against the eager step and compiles nothing; no
+    lock file is left in the store."""
+    import json
+
+    from test_cli import ddpad as cli
+
+    pre = cli("precompile", "mace", "--aot", "--ladder", "0", cwd=tmp_path)
+    assert pre.returncode == 0, pre.stdout + pre.stderr
+    assert "1 package(s) in" in pre.stdout
+    res = cli("run", "mace", "--aot", "--steps", "3", "--json", "run.json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert (run["aot_loaded"], run["aot_compiled"], run["aot_checked"], run["aot_background"]) == (1, 0, 1, 0)
+    assert (run["graphs"], run["checks"], run["disagreements"]) == (0, 1, 0)
+    assert "checked against the eager step: 1 compiled graph(s) on their first call, 0 disagreed" in res.stdout
+    assert not list((tmp_path / "cache").rglob("*.lock"))
 
 
 def test_bench_includes_mace_own_padding() -> None:

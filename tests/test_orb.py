@@ -270,6 +270,36 @@ def test_inductor_one_graph() -> None:
     assert wrapped.stats.graphs == 1 and wrapped.stats.growths == []
 
 
+@pytest.mark.slow
+@pytest.mark.inductor
+def test_inductor_at_one_thread_gives_the_eager_numbers() -> None:
+    """Inductor's CPU code for the conservative model is wrong at one thread
+    (torch 2.13.0: energy off by 0.12 on this model, exact at two). Before,
+    ``torch.compile``'s numbers were returned as they came; the first call's
+    check against the eager step now catches it, returns the eager numbers
+    and runs those caps eager (one warning). Whatever Inductor does, the
+    numbers are the eager model's."""
+    model = random_model()
+    adapter = adapters.get("orb")
+    rng = np.random.default_rng(5)
+    steps = [adapter.build_input(model, structure(i, rng)) for i in range(3)]
+    caps: dict[str, int] = {}
+    for data in steps:
+        make_padder(model).pad(data, caps)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        wrapped = adapter.wrap(model, backend="inductor", caps=caps)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for data in steps:
+                assert_exact(wrapped(data), adapter.reference(model, data), KEYS[True], atol=1e-9)
+    finally:
+        torch.set_num_threads(threads)
+    s = wrapped.stats
+    assert s.checks == 1 and s.eager_forms == s.disagreements
+
+
 class TestOrbConformance(AdapterTests):
     """The conformance kit on the conservative model (float64)."""
 

@@ -6,6 +6,7 @@ or a wait until ``wait_timeout``."""
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import pathlib
@@ -192,8 +193,9 @@ def test_a_written_entry_leaves_no_lock_file(tmp_path: pathlib.Path) -> None:
     assert entry.exists() and not entry.with_suffix(".lock").exists()
     failed = store.entry("m", "h")
     with store.lock(failed):
-        pass  # nothing written (a compile that failed): the lock stays, naming its holder
-    assert failed.with_suffix(".lock").exists()
+        pass  # nothing written (a compile that failed): no lock is left behind either (a waiter holds
+        # its own descriptor and compiles itself; a newcomer makes a new lock file)
+    assert not failed.with_suffix(".lock").exists()
 
 
 def test_background_logs_are_bounded(tmp_path: pathlib.Path) -> None:
@@ -215,11 +217,119 @@ def test_a_finished_background_worker_leaves_no_log(tmp_path: pathlib.Path) -> N
     model = _model()
     with ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=tmp_path,
                     background_compile=0.5, cap_policy="headroom") as wrapped:
-        wrapped(_data(model))
+        wrapped(_data(model, 20))
+        wrapped(_data(model, 22))  # needs rising past the first call's: a worker starts
         background = wrapped.background
         assert background is not None and background.running
         target, proc = next(iter(background.running.items()))
         log = background.logs[target]
         assert log.exists() and proc.wait(timeout=240) == 0
-        wrapped(_data(model))  # the next call reaps it
+        wrapped(_data(model, 22))  # the next call reaps it
         assert not log.exists()
+
+
+# -- ahead-of-time packages that cannot be used ---------------------------------
+
+@pytest.fixture(scope="module")
+def two_packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """A store holding the toy's packages at two caps (its own, and twice
+    them), built once for the module."""
+    root = tmp_path_factory.mktemp("two-packages")
+    model = _model()
+    data = _data(model)
+    entries = {}
+    for name, caps in (("own", None), ("twice", "twice")):
+        before = set(root.glob("*/aot-*.bin"))
+        options = {"caps": {k: 2 * v for k, v in entries["own_caps"].items()}} if caps else {}
+        wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=root, cap_policy="headroom",
+                             aot_build="foreground", **options)
+        wrapped(data)
+        (entries[name],) = set(root.glob("*/aot-*.bin")) - before
+        entries[f"{name}_caps"] = wrapped.caps
+    return {"root": root, **entries}
+
+
+def _copy_store(two_packages: dict[str, object], to: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
+    import shutil
+
+    root = pathlib.Path(str(two_packages["root"]))
+    shutil.copytree(root, to)
+    own, twice = (to / pathlib.Path(str(two_packages[k])).relative_to(root) for k in ("own", "twice"))
+    return to, own, twice
+
+
+_FOREIGN_RUN = textwrap.dedent("""
+    import json, sys, torch, ddpad, ddpad_toy_plugin as toy
+    sys.path.insert(0, sys.argv[2])
+    from test_store_faults import _data, _model
+    model = _model()
+    data = _data(model)
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=sys.argv[1], cap_policy="headroom",
+                         aot_build="foreground")
+    out = wrapped(data)
+    ref = model({k: v.clone() for k, v in data.items()})
+    s = wrapped.stats
+    print(json.dumps({"worst": max(float((out[k] - ref[k].detach()).abs().max()) for k in ("energy", "forces")),
+                      "compiled": s.aot_compiled, "loaded": s.aot_loaded, "refused": s.aot_refused}))
+""")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_package_of_other_caps_under_an_entrys_name_is_moved_aside_unrun(two_packages: dict[str, object],
+                                                                            tmp_path: pathlib.Path,
+                                                                            threads: int) -> None:
+    """Before: a checksummed package of other caps under an entry's name was
+    run: ``RuntimeError: index out of bounds`` at one thread, the interpreter
+    aborted (SIGABRT in the package's OpenMP region) at two; the entry stayed,
+    so every later process died the same way."""
+    store, own, twice = _copy_store(two_packages, tmp_path / "store")
+    own.write_bytes(twice.read_bytes())  # a valid entry, checksum and all, of the other caps
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(pathlib.Path(__file__).parent)}
+    res = subprocess.run([sys.executable, "-c", _FOREIGN_RUN, str(store), str(pathlib.Path(__file__).parent)],
+                         capture_output=True, text=True, timeout=600, check=False, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = json.loads(res.stdout.strip().splitlines()[-1])
+    assert run["worst"] < 1e-10 and (run["compiled"], run["loaded"], run["refused"]) == (1, 0, 0)
+    assert own.with_suffix(".foreign").exists() and "built for" in own.with_suffix(".foreign.txt").read_text()
+    assert own.exists()  # rebuilt for its own caps, under its own name
+    assert "moved aside" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("fault", ["raises", "disagrees"])
+def test_a_package_that_raises_or_disagrees_is_set_aside_and_never_rebuilt(
+        two_packages: dict[str, object], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, fault: str) -> None:
+    """Before: a package the first-call check refused stayed in the store and
+    every process loaded and checked it again; one that raised stopped the call."""
+    from ddpad import _aot
+
+    store, own, _ = _copy_store(two_packages, tmp_path / "store")
+    model = _model()
+    data = _data(model)
+    ref = model({k: v.clone() for k, v in data.items()})
+    original = _aot._Package.__call__
+
+    def faulty(self: object, leaves: list[torch.Tensor]) -> object:
+        if fault == "raises":
+            raise RuntimeError("index out of bounds")
+        out = original(self, leaves)  # type: ignore[arg-type]
+        return {**out, "energy": out["energy"] + 1e-3}
+
+    options = {"compile_mode": "aot", "compile_cache": store, "cap_policy": "headroom", "aot_build": "foreground",
+               "backend": "aot_eager"}
+    with monkeypatch.context() as patch:
+        patch.setattr(_aot._Package, "__call__", faulty)
+        first = ddpad.wrap(model, toy.ADAPTER, **options)
+        with caplog.at_level(logging.WARNING, logger="ddpad"):
+            out = first(data)
+    torch.testing.assert_close(out["energy"], ref["energy"].detach(), rtol=0, atol=1e-10)
+    assert first.stats.aot_loaded == 1 and first.stats.aot_refused == 1
+    assert own.with_suffix(".refused").exists() and not own.exists()
+    assert ("raised" if fault == "raises" else "disagrees") in own.with_suffix(".refused.txt").read_text()
+    caplog.clear()
+    second = ddpad.wrap(model, toy.ADAPTER, **options)  # another run: nothing loaded, re-checked or rebuilt
+    with caplog.at_level(logging.WARNING, logger="ddpad"):
+        out = second(data)
+    torch.testing.assert_close(out["forces"], ref["forces"].detach(), rtol=0, atol=1e-10)
+    s = second.stats
+    assert (s.aot_loaded, s.aot_compiled, s.aot_refused) == (0, 0, 1) and "refused before" in caplog.text

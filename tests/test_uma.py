@@ -177,9 +177,9 @@ def test_user_model_is_not_modified() -> None:
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-@pytest.mark.slow
-@pytest.mark.inductor
 def test_inductor_one_graph_per_frame() -> None:
+    """A real inductor compile in the default run (of the part after the
+    seam), its first call checked against the eager step at the seam."""
     model = random_model()
     adapter = adapters.get("uma")
     steps = periodic_steps(model, 8, seed=7)
@@ -194,6 +194,7 @@ def test_inductor_one_graph_per_frame() -> None:
             assert_close(wrapped(data), adapter.reference(model, data), 1e-4)
     assert wrapped.stats.growths == [] and set(wrapped.stats.graphs_by_call) == {0}
     assert wrapped.stats.max_graphs_per_frame == 1
+    assert (wrapped.stats.checks, wrapped.stats.disagreements) == (1, 0)
 
 
 class TestUMAConformance(AdapterTests):
