@@ -93,8 +93,7 @@ class Background:
         current = tuple(sorted(owner.cap_state.items()))
         if current != self.sized:  # just sized (first call, fit, growth, shrink): for the needs seen so far
             self.sized = current
-            seen = self.sizer.high if self.sizer is not None else {}
-            self.peaks = {r.key: max(r.need, seen.get(r.key, 0)) for r in resolved}
+            self.peaks = {r.key: max(r.need, self._seen(r)) for r in resolved}
             return
         for r in resolved:
             if self.disabled:  # (a start that failed turns them off: said once)
@@ -111,6 +110,17 @@ class Background:
             if target in self.targets or target == current:
                 continue
             self._start(owner, target, data, args, kwargs)
+
+    def _seen(self, r: CapResolution) -> int:
+        """The highest need ``r.key``'s cap was sized for: a tight fit's window
+        maximum; for caps fitted by an earlier run (a caps file: no window
+        here) the need the fit's margin puts under the cap."""
+        sizer = self.sizer
+        if sizer is None:
+            return 0
+        if sizer.high:
+            return sizer.high.get(r.key, 0)
+        return int(r.cap / (1 + sizer.policy.margin))
 
     def _start(self, owner: _Owner, target: _Target, data: Any, args: tuple[Any, ...],
                kwargs: Mapping[str, Any]) -> None:

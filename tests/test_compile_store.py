@@ -193,6 +193,33 @@ def test_background_worker_starts_at_the_threshold_and_close_stops_it(tmp_path: 
     assert wrapped.stats.background_wasted == wrapped.stats.background_started
 
 
+def test_no_background_compile_for_needs_the_caps_were_sized_for(tmp_path: pathlib.Path) -> None:
+    """Before: every tight run started a background compile at its fit (the
+    fitted caps' fill, about 0.97, is past a 0.9 trigger), and every run from
+    fitted caps at its first call, for caps nothing needed (a 100-step
+    ``ddpad run mace``: 1 started, 0 used). A worker starts only for a need
+    that rises past every need the caps were sized for."""
+    from ase import Atoms
+
+    model = _model()
+    grid = torch.stack(torch.meshgrid(*[torch.arange(3.0)] * 3, indexing="ij"), -1).reshape(-1, 3) * 1.3
+    frames = []
+    for step in range(5):
+        atoms = Atoms("Ar27", positions=grid.numpy())
+        atoms.rattle(0.05, seed=step)
+        frames.append(toy.ADAPTER.build_input(model, atoms))
+    options = {"backend": "aot_eager", "compile_cache": tmp_path, "background_compile": 0.9}
+    with ddpad.wrap(model, toy.ADAPTER, cap_policy=ddpad.TightPolicy(settle=5), **options) as wrapped:
+        for data in [*frames, *frames]:  # fitted on the fifth call; then the needs the window saw
+            wrapped(data)
+        assert wrapped.stats.fit_calls == 1 and wrapped.stats.background_started == 0
+        wrapped.save_caps(tmp_path / "caps.json")
+    with ddpad.wrap(model, toy.ADAPTER, caps=tmp_path / "caps.json", cap_policy="tight", **options) as again:
+        for data in sorted(frames, key=lambda d: d["edge_index"].shape[1]):  # rising, to the window's peak
+            again(data)
+        assert again.stats.fits == [] and again.stats.background_started == 0
+
+
 @pytest.mark.parametrize("ending", ["exception", "killed"])
 def test_background_workers_do_not_outlive_their_run(tmp_path: pathlib.Path, ending: str) -> None:
     script = textwrap.dedent(f"""
