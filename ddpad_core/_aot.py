@@ -186,11 +186,13 @@ class AotRoute:
         return f"{architecture}-{weights_digest(self.model)}"
 
     def run(self, padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any], data: Any,
-            fallback: Callable[[], Any], elsewhere: Callable[[str], str | None] | None = None) -> Any:
-        """The step at ``padded``'s caps through its package; ``fallback()``
-        (the ``torch.compile`` path) where the route cannot take it, and
-        while ``elsewhere`` (given a package's build name: None while it is
-        built in another process, ``""`` once built, else why not) builds it."""
+            fallback: Callable[[], Any], elsewhere: Callable[[str], str | None] | None = None,
+            caps: Mapping[str, int] | None = None) -> Any:
+        """The step at ``padded``'s caps (``caps``, for the messages) through
+        its package; ``fallback()`` (the ``torch.compile`` path) where the
+        route cannot take it, and while ``elsewhere`` (given a package's build
+        name: None while it is built in another process, ``""`` once built,
+        else why not) builds it."""
         changed = self.watch.changed()
         if changed is not None:
             self._rebind(changed)
@@ -229,8 +231,8 @@ class AotRoute:
         try:
             out = package(one.tensors)
         except Exception as exc:  # noqa: BLE001 - a package that fails must not stop the run
-            self._discard(form, package, f"its package raised on its first call ({type(exc).__name__}: "
-                                         f"{_first_line(exc)})")
+            self._discard(form, package, f"its package at caps {dict(caps) if caps else '?'} raised on its first "
+                                         f"call ({type(exc).__name__}: {_first_line(exc)})")
             return fallback()
         if not self.verify:
             self.packages[key] = package
@@ -242,7 +244,8 @@ class AotRoute:
         self.stats.check_seconds += time.perf_counter() - t0
         if mismatch is not None:
             self.stats.disagreements += 1
-            self._discard(form, package, f"its package disagrees with the eager step ({mismatch})")
+            self._discard(form, package, f"its package at caps {dict(caps) if caps else '?'} disagrees with the "
+                                         f"eager step ({mismatch}; a compiler bug: report it to PyTorch)")
             return ref
         self.stats.aot_checked += 1
         self.packages[key] = package

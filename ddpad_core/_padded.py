@@ -351,7 +351,7 @@ class PaddedModel(torch.nn.Module):
                         return None
                     return builds.status(name, self, caps, source, args, kwargs)
             return self.aot.run(data, args, kwargs, source, lambda: self._fallback_step(data, args, kwargs, caps),
-                                elsewhere)
+                                elsewhere, caps)
         return self._compiled_step(data, args, kwargs, caps)
 
     def _fallback_step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any],

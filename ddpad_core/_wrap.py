@@ -97,7 +97,9 @@ def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder 
         call form's whole step is traced, exported and compiled by
         AOTInductor into a package (kept in ``compile_cache``, loaded by
         later processes instead of traced); its first call in a process is
-        checked against the eager step; a step the route cannot take falls
+        checked against the eager step; a change to the model's weights or
+        hyper-parameters is noticed before the next call and the package of
+        the model as it now is used; a step the route cannot take falls
         back to ``torch.compile`` with one line saying why.
     aot_build
         Where ``compile_mode="aot"`` builds a package the store lacks:
@@ -108,6 +110,14 @@ def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder 
         loads it. ``"foreground"`` (the default without a store): the call
         that needs it builds it (an AOTInductor build is several times a
         ``torch.compile``; see docs/pages/compile-store.md).
+    verify
+        ``True`` (default): the first call of every compiled graph and
+        package (each caps and call form) also runs the eager model on the
+        same padded input and compares every output at the tolerance of the
+        least precise dtype at work; a disagreement returns the eager result
+        and those caps fall back one route (package -> ``torch.compile`` ->
+        eager), with one warning. One eager step per compiled graph; nothing
+        on a steady call. ``False`` returns whatever the compiler made.
     **compile_kwargs
         Other keywords go to ``torch.compile``.
 
