@@ -320,8 +320,15 @@ class CompileStore:
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    locked = True
-                    break
+                    if _same_file(fd, lock_path):
+                        locked = True
+                        break
+                    # its holder removed the file as we waited: others now lock
+                    # the path's new file, so lock that one, or two compile
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    os.close(fd)
+                    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+                    continue
                 except BlockingIOError:
                     pass
                 reason = self._holder_gone(fd) or (
@@ -337,13 +344,13 @@ class CompileStore:
         finally:
             if beating is not None:
                 beating.set()
-            # no lock file outlives its use: the entry is written (nobody needs it
-            # again), or this process held it and failed (a waiter holds its own
-            # descriptor and goes on; a newcomer makes a new file)
-            if locked or path.exists():
-                with contextlib.suppress(OSError):
-                    lock_path.unlink()
+            # no lock file outlives its holder, whether it wrote the entry or
+            # failed: removed while still locked, so a waiter that then takes
+            # the removed file's lock sees it is gone and locks the path anew
             if locked:
+                if _same_file(fd, lock_path):
+                    with contextlib.suppress(OSError):
+                        lock_path.unlink()
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
@@ -380,6 +387,15 @@ class CompileStore:
         if holder and silent > self.stale_after:
             return f"the lock holder (pid {pid} on {host}) gave no heartbeat for {silent:.0f} s"
         return None
+
+
+def _same_file(fd: int, path: pathlib.Path) -> bool:
+    """Whether ``fd`` is still the file at ``path`` (not removed or replaced)."""
+    try:
+        mine, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _alive(pid: int) -> bool:

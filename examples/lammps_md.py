@@ -80,8 +80,8 @@ def main() -> None:
     parser.add_argument("--compile-cache", metavar="DIR",
                         help="compile store shared by the ranks: one compiles, the others load (default: none)")
     parser.add_argument("--aot", action="store_true",
-                        help="compile_mode='aot': an AOTInductor package per caps, shared by the ranks through "
-                             "--compile-cache (one rank builds it, the others wait and load it)")
+                        help="compile_mode='aot': each rank falls back to torch.compile, in one line (the engine "
+                             "differentiates the owned atoms' energy, which a package cannot give)")
     parser.add_argument("--json", help="write thermo and per-rank stats here (rank 0)")
     args = parser.parse_args()
 
@@ -126,7 +126,7 @@ def main() -> None:
         thermo 1
     """)
     options = {"compile_cache": args.compile_cache} if args.compile_cache else {}
-    if args.aot:  # each rank builds under the entry's lock in its own process, or waits and loads
+    if args.aot:  # the engine differentiates the owned energy: each rank falls back, in one line
         options.update(compile_mode="aot", aot_build="foreground")
     potential = Potential(lmp, model, adapter, ["C"], pad=not args.no_pad, backend=args.backend, **options)
 

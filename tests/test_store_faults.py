@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -193,9 +194,49 @@ def test_a_written_entry_leaves_no_lock_file(tmp_path: pathlib.Path) -> None:
     assert entry.exists() and not entry.with_suffix(".lock").exists()
     failed = store.entry("m", "h")
     with store.lock(failed):
-        pass  # nothing written (a compile that failed): no lock is left behind either (a waiter holds
-        # its own descriptor and compiles itself; a newcomer makes a new lock file)
+        pass  # nothing written (a compile that failed): no lock is left behind either
     assert not failed.with_suffix(".lock").exists()
+
+
+def test_a_holder_that_fails_hands_the_lock_to_one_process(tmp_path: pathlib.Path) -> None:
+    """Two ranks, one graph: rank A compiles under the lock while B waits;
+    A's compile restarts (Dynamo retries it), so A leaves the lock without an
+    entry and comes back for it. Before: A removed the lock file as it left,
+    B took the removed file's lock and A's retry made a new file and locked
+    that, so both compiled (a two-rank LAMMPS run compiled MACE twice beside
+    a shared store). Now B sees its file is gone and locks the path's new
+    file: one process inside at a time."""
+    store = CompileStore(tmp_path, wait_timeout=60)
+    entry = store.entry("m", "g")
+    inside: list[str] = []
+    most = [0]
+    guard = threading.Lock()
+
+    def compile_as(name: str, ready: threading.Event | None = None) -> None:
+        if ready is not None:
+            ready.set()
+        with store.lock(entry) as here:
+            assert here  # nobody writes the entry here: whoever holds the lock compiles
+            with guard:
+                inside.append(name)
+                most[0] = max(most[0], len(inside))
+            time.sleep(0.4)
+            with guard:
+                inside.remove(name)
+
+    with store.lock(entry):  # A's first try
+        waiting = threading.Event()
+        b = threading.Thread(target=compile_as, args=("B", waiting))
+        b.start()
+        waiting.wait()
+        time.sleep(0.3)  # B waits on A's lock file
+    retry = threading.Thread(target=compile_as, args=("A",))  # A's retry, once B holds what A left
+    time.sleep(0.15)
+    retry.start()
+    b.join()
+    retry.join()
+    assert most[0] == 1, "two processes held the entry's lock at once"
+    assert not entry.with_suffix(".lock").exists()
 
 
 def test_background_logs_are_bounded(tmp_path: pathlib.Path) -> None:
