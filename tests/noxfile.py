@@ -48,6 +48,7 @@ CORE_TESTS = [
     "tests/test_layout.py",
     "tests/test_tight.py",
     "tests/test_aot.py",
+    "tests/test_verify.py",
 ]
 
 

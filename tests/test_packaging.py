@@ -50,3 +50,13 @@ def test_engines_import_with_torch_only_and_name_their_install() -> None:
     if importlib.util.find_spec("mpi4py") is None:
         with pytest.raises(ImportError, match=r"pip install 'ddpad\[lammps\]'"):
             lammps.Potential(object(), torch.nn.Linear(1, 1), "mace", ["C"])
+
+
+def test_every_test_module_runs_in_a_session() -> None:
+    """The test run is the noxfile's sessions, each naming its modules: a
+    module none names never runs (test_verify.py, the first-use checks,
+    was left out of the core session so)."""
+    tests = pathlib.Path(__file__).resolve().parent
+    noxfile = (tests / "noxfile.py").read_text(encoding="utf-8")
+    unnamed = [p.name for p in sorted(tests.glob("test_*.py")) if f"tests/{p.name}" not in noxfile]
+    assert not unnamed, f"in no nox session (tests/noxfile.py): {unnamed}"
