@@ -43,7 +43,7 @@ from torch.utils import _pytree as pytree
 from ._compile import run_step
 from ._stats import Stats
 from ._store import CompileStore, _digest, model_fingerprint
-from ._verify import disagreement, fresh
+from ._verify import check, fresh
 from ._weights import Watch, weights_digest
 
 __all__ = ["AotRoute", "Refused"]
@@ -237,13 +237,8 @@ class AotRoute:
         if not self.verify:
             self.packages[key] = package
             return out
-        t0 = time.perf_counter()
-        ref = self._eager(before, args, kwargs)
-        mismatch = disagreement(out, ref, self.model)
-        self.stats.checks += 1
-        self.stats.check_seconds += time.perf_counter() - t0
+        ref, mismatch = check(self.stats, self.model, out, lambda: self._eager(before, args, kwargs))
         if mismatch is not None:
-            self.stats.disagreements += 1
             self._discard(form, package, f"its package at caps {dict(caps) if caps else '?'} disagrees with the "
                                          f"eager step ({mismatch}; a compiler bug: report it to PyTorch)")
             return ref

@@ -23,7 +23,7 @@ from torch.utils import _pytree as pytree
 
 from ._stats import Stats
 
-__all__ = ["FirstUse", "disagreement", "fresh"]
+__all__ = ["FirstUse", "check", "disagreement", "fresh"]
 
 log = logging.getLogger("ddpad")
 
@@ -63,6 +63,19 @@ def disagreement(out: Any, ref: Any, model: torch.nn.Module | None = None) -> st
         if not worst <= tol:  # (NaN fails too)
             return f"output {i}: max deviation {worst:.3g} > {tol:.3g}"
     return None
+
+
+def check(stats: Stats, model: torch.nn.Module, out: Any, eager: Callable[[], Any]) -> tuple[Any, str | None]:
+    """One first-use check: ``eager()``'s result (the eager step on the input
+    the compiled step had) and what of ``out`` disagreed with it (None: all
+    agreed), counted and timed in ``stats``."""
+    t0 = time.perf_counter()
+    ref = eager()
+    why = disagreement(out, ref, model)
+    stats.checks += 1
+    stats.disagreements += why is not None
+    stats.check_seconds += time.perf_counter() - t0
+    return ref, why
 
 
 def fresh(data: Any) -> Any:
@@ -119,16 +132,11 @@ class FirstUse:
                 return out
             if key in self.eager:
                 return eager(before, True)
-        t0 = time.perf_counter()
-        ref = eager(before, True)
-        why = disagreement(out, ref, self.model)
-        self.stats.checks += 1
-        self.stats.check_seconds += time.perf_counter() - t0
+        ref, why = check(self.stats, self.model, out, lambda: eager(before, True))
         if why is None:
             self.passed.add(key)
             return out
         self.eager[key] = why
-        self.stats.disagreements += 1
         self.stats.eager_forms += 1
         log.warning("ddpad: %s disagrees with the eager step at caps %s (%s): these caps and call form run eager "
                     "from now on; a compiler bug: report it to PyTorch with the model", self.route,
