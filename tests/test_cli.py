@@ -432,6 +432,18 @@ def test_bench_overhead_runs_without_numpy() -> None:
     assert "dense-batch" in res.stdout and "ModuleNotFoundError" not in res.stderr
 
 
+def test_the_summary_says_whether_the_first_calls_were_checked() -> None:
+    """Before: ``--no-verify`` printed "checked against the eager step: 0
+    compiled graph(s) on their first call, 0 disagreed", as if checks had run
+    and found nothing to check."""
+    from ddpad import Stats
+
+    stats = Stats(checks=2, disagreements=1, check_seconds=0.5, eager_forms=1)
+    assert cli._checks_line(stats).startswith("checked against the eager step: 2 compiled graph(s) on their "
+                                              "first call, 1 disagreed (0.50 s)")
+    assert cli._checks_line(Stats(), verify=False).startswith("not checked against the eager step (--no-verify)")
+
+
 def test_growths_are_counted_in_calls_with_the_caps_that_grew() -> None:
     from ddpad import CapEvent, Stats
 
