@@ -44,7 +44,7 @@ from ._compile import run_step
 from ._stats import Stats
 from ._store import CompileStore, _digest, model_fingerprint
 from ._verify import check, fresh
-from ._weights import Watch, weights_digest
+from ._weights import Watch, packages_key
 
 __all__ = ["AotRoute", "Refused"]
 
@@ -183,7 +183,7 @@ class AotRoute:
         """The model's key (its store key, or without a store its
         architecture's digest) and its weights' digest: the packages' folder."""
         architecture = self.model_key() if self.model_key is not None else _digest(model_fingerprint(self.model))[:32]
-        return f"{architecture}-{weights_digest(self.model)}"
+        return packages_key(architecture, self.model)
 
     def run(self, padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any], data: Any,
             fallback: Callable[[], Any], elsewhere: Callable[[str], str | None] | None = None,

@@ -36,7 +36,7 @@ import torch
 from ._capacity import CapResolution, TightCaps
 from ._ladder import Ladder, ladder, next_caps
 from ._store import CompileStore, aot_binding, bind_store, storable
-from ._weights import weights_digest
+from ._weights import packages_key
 
 __all__ = ["PACKAGE_BUILD", "Background", "PackageBuilds", "WorkerError", "expected_key", "launch", "write_spec"]
 
@@ -302,7 +302,7 @@ def expected_key(owner: _Owner, store_root: pathlib.Path, compile_kwargs: Mappin
     dynamo_config = adapter.dynamo_config if adapter is not None else {}
     if options.get("compile_mode") == "aot":
         _, key = aot_binding(owner.model, CompileStore(store_root), adapter, dynamo_config)
-        return f"{key}-{weights_digest(owner.model)}"
+        return packages_key(key, owner.model)
     if not storable(compile_kwargs.get("backend", "inductor")):
         return None
     binding = bind_store(owner.model, store_root, adapter, dynamo_config, **compile_kwargs)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Watch", "plain", "weights_digest"]
+__all__ = ["Watch", "packages_key", "plain", "weights_digest"]
 
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -41,6 +41,12 @@ def weights_digest(model: torch.nn.Module) -> str:
         h.update(str(data.dtype).encode() + str(tuple(tensor.shape)).encode())
         h.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
     return h.hexdigest()[:32]
+
+
+def packages_key(architecture: str, model: torch.nn.Module) -> str:
+    """Where ``model``'s packages live in a store: its architecture's key and
+    its weights' digest (the run and its build workers must agree on it)."""
+    return f"{architecture}-{weights_digest(model)}"
 
 
 class Watch:
