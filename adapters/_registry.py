@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ddpad._noise import quiet
+from ddpad._version import install_command
 
 from ._adapter import Adapter
 
@@ -55,14 +56,14 @@ class _Builtin:
 
 
 _BUILTINS: Mapping[str, _Builtin] = MappingProxyType({
-    "mace": _Builtin("ddpad.adapters.mace:ADAPTER", ("mace", "e3nn"), "pip install 'ddpad[mace]'"),
-    "uma": _Builtin("ddpad.adapters.uma:ADAPTER", ("fairchem.core",), "pip install 'ddpad[uma]'"),
-    "aimnet2": _Builtin("ddpad.adapters.aimnet2:ADAPTER", ("aimnet",), "pip install 'ddpad[aimnet2]'"),
-    "sevennet": _Builtin("ddpad.adapters.sevennet:ADAPTER", ("sevenn",), "pip install 'ddpad[sevennet]'"),
-    "nequip": _Builtin("ddpad.adapters.nequip:ADAPTER", ("nequip",), "pip install 'ddpad[nequip]'"),
-    "allegro": _Builtin("ddpad.adapters.allegro:ADAPTER", ("allegro", "nequip"), "pip install 'ddpad[allegro]'"),
-    "orb": _Builtin("ddpad.adapters.orb:ADAPTER", ("orb_models",), "pip install 'ddpad[orb]'"),
-    "mattersim": _Builtin("ddpad.adapters.mattersim:ADAPTER", ("mattersim",), "pip install 'ddpad[mattersim]'"),
+    "mace": _Builtin("ddpad.adapters.mace:ADAPTER", ("mace", "e3nn"), install_command("mace")),
+    "uma": _Builtin("ddpad.adapters.uma:ADAPTER", ("fairchem.core",), install_command("uma")),
+    "aimnet2": _Builtin("ddpad.adapters.aimnet2:ADAPTER", ("aimnet",), install_command("aimnet2")),
+    "sevennet": _Builtin("ddpad.adapters.sevennet:ADAPTER", ("sevenn",), install_command("sevennet")),
+    "nequip": _Builtin("ddpad.adapters.nequip:ADAPTER", ("nequip",), install_command("nequip")),
+    "allegro": _Builtin("ddpad.adapters.allegro:ADAPTER", ("allegro", "nequip"), install_command("allegro")),
+    "orb": _Builtin("ddpad.adapters.orb:ADAPTER", ("orb_models",), install_command("orb")),
+    "mattersim": _Builtin("ddpad.adapters.mattersim:ADAPTER", ("mattersim",), install_command("mattersim")),
 })
 
 

@@ -41,6 +41,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ._compile import run_step
+from ._noise import quiet_warnings
 from ._stats import Stats
 from ._store import CompileStore, _digest, model_fingerprint
 from ._verify import check, fresh
@@ -356,14 +357,15 @@ class AotRoute:
         try:
             inputs = tuple(t.detach() for t in tensors)
             phases.append(time.perf_counter())
-            exported = torch.export.export(gm, inputs, strict=False)
-            phases.append(time.perf_counter())
-            metadata = {_ENTRY: entry, "ddpad.form": repr(_form(one))[:4000]}
-            with tempfile.TemporaryDirectory(prefix="ddpad-aot-") as tmp:
-                built = torch._inductor.aoti_compile_and_package(
-                    exported, package_path=os.path.join(tmp, "step.pt2"),
-                    inductor_configs={"aot_inductor.metadata": metadata})
-                blob = _read(built)
+            with quiet_warnings():  # torch's own deprecations, raised as export copies tree specs
+                exported = torch.export.export(gm, inputs, strict=False)
+                phases.append(time.perf_counter())
+                metadata = {_ENTRY: entry, "ddpad.form": repr(_form(one))[:4000]}
+                with tempfile.TemporaryDirectory(prefix="ddpad-aot-") as tmp:
+                    built = torch._inductor.aoti_compile_and_package(
+                        exported, package_path=os.path.join(tmp, "step.pt2"),
+                        inductor_configs={"aot_inductor.metadata": metadata})
+                    blob = _read(built)
         except Exception as exc:  # noqa: BLE001 - an op the exporter or AOTInductor refuses
             raise Refused(f"exporting or compiling the step failed ({type(exc).__name__}: {_first_line(exc)})") from exc
         out_spec = out_box[0]

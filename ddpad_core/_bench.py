@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from ddpad import Stats, UnpaddedCompiled, wrap
+from ddpad._stats import lowest_fill
 
 __all__ = ["VARIANTS", "figure", "fluctuating_trajectory", "plot", "run_bench"]
 
@@ -67,13 +68,14 @@ def _timed(
     own calls in ``stats`` (ddpad's wrapper does)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
+    times, fills = [], []
     for data in inputs:
         t0 = time.perf_counter()
         step_fn(data)
         _sync(device)
         times.append(time.perf_counter() - t0)
         stats.calls += int(advance_calls)
+        fills.append(lowest_fill(stats.fill))  # this step's (padded variants only)
     compiled_calls = set(stats.graphs_by_call)
     steady = [t for i, t in enumerate(times) if i not in compiled_calls]
     return {
@@ -86,6 +88,12 @@ def _timed(
         "cumulative_s": list(itertools.accumulate(times)),
         "growth_calls": stats.growth_calls + stats.fit_calls,
         "slowest_later_s": max(times[1:], default=0.0),
+        # per step, for plots: its wall time, the lowest fill, and the steps that compiled, grew or fitted caps
+        "step_s": times,
+        "step_fill": fills,
+        "compile_steps": sorted(compiled_calls),
+        "growth_steps": sorted({e.call for e in stats.growths}),
+        "fit_steps": sorted({e.call for e in stats.fits} | {e.call for e in stats.shrinks}),
         # real rows / cap per key, the mean since the caps last changed (padded variants only)
         "fill": stats.mean_fill,
     }

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ._noise import quiet_warnings
 from ._stats import Stats
 from ._store import CompileStore, StoreBinding, bind_store
 
@@ -57,9 +58,10 @@ class _CountingBackend:
             self._count(compile_id)
         # a restart raised from inside the backend (e.g. by AOTAutograd) leaves
         # nothing counted as compiled or loaded: the retry is timed and stored
-        if self.store is None:
-            return self._timed(gm, example_inputs)
-        return self._through_store(self.store, gm, example_inputs)
+        with quiet_warnings():  # torch's own deprecations, raised as it compiles or loads (tree specs)
+            if self.store is None:
+                return self._timed(gm, example_inputs)
+            return self._through_store(self.store, gm, example_inputs)
 
     def _count(self, compile_id: Any) -> None:
         frame = getattr(compile_id, "frame_id", None)
@@ -91,6 +93,7 @@ class _CountingBackend:
                 found = link.store.load(path)
             self.stats.load_seconds += time.perf_counter() - t0
             compiled_before, uncached_before = self.stats.graphs_compiled, self.stats.graphs_uncached
+            loaded_before = self.stats.graphs_loaded
             compiled = self._timed(gm, example_inputs)
             if self.stats.graphs_uncached > uncached_before:  # torch keeps nothing of it: no entry, no hit or miss
                 return compiled
@@ -101,6 +104,7 @@ class _CountingBackend:
                 link.written.append(path)
         self.stats.store_hits += int(found)
         self.stats.store_misses += int(not found)
+        self.stats.store_loads += int(found and self.stats.graphs_loaded > loaded_before)
         return compiled
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _CountingBackend:

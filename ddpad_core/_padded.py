@@ -34,10 +34,11 @@ from ._compile import compile_model, run_step
 from ._context import DistributedContext, activate_dd_context, current_dd_context
 from ._ladder import Ladder
 from ._memory import derive_ceilings, measure_peak, reset_peak
+from ._noise import CompileNotice
 from ._options import WrapOptions
 from ._protocol import GraphPadder
 from ._shrink import Shrinker
-from ._stats import Stats
+from ._stats import Stats, caps_changed
 from ._store import CompileStore, StoreBinding, aot_binding, bind_store
 from ._strict import RecompileError, call_form, guard_failure_counts, unexplained
 from ._verify import FirstUse
@@ -223,6 +224,8 @@ class PaddedModel(torch.nn.Module):
         measure = options.memory_budget is not None and index == 0
         pad_seconds, started = 0.0, time.perf_counter()
         sizer = self.sizer
+        notice: CompileNotice | None = None  # a call that may compile says so, and what it did
+        work_before = None
         if self.checks is not None:
             self.checks.eager_only = False
         with _Scope(self.max_caps, self.ladder.ready, sizer) as rows:  # the call's resolutions (plain tuples)
@@ -231,16 +234,22 @@ class PaddedModel(torch.nn.Module):
                     reset_peak(data)
                 if self.pad_in_forward:  # the model pads at its own seam
                     if index == 0 and options.compile:
-                        log.info("compiling the model on its first call (caps sized at its padding seam)")
-                    with activate_dd_context(self._context(trial)):
+                        notice = CompileNotice(log, "first call (caps sized at the model's padding seam): "
+                                                    "compiling or loading its graph")
+                        work_before = stats.snapshot()
+                    with activate_dd_context(self._context(trial)), notice or contextlib.nullcontext():
                         out = self._run(data, args, kwargs, None, trial)
                 else:
                     t0 = time.perf_counter()
                     padded = self.padder.pad(data, trial)
                     pad_seconds += time.perf_counter() - t0
-                    if options.compile and (index == 0 or trial != self.cap_state):
-                        log.info("compiling at caps %s (%s)", trial, "first call" if index == 0 else "caps grew")
-                    out = self._run(padded, args, kwargs, data, trial)
+                    notice = self._notice(index, trial) if options.compile else None
+                    if notice is None:  # nearly every call
+                        out = self._run(padded, args, kwargs, data, trial)
+                    else:
+                        work_before = stats.snapshot()
+                        with notice:
+                            out = self._run(padded, args, kwargs, data, trial)
                 t0 = time.perf_counter()
                 out = self.padder.unpad(out)
                 pad_seconds += time.perf_counter() - t0
@@ -278,9 +287,10 @@ class PaddedModel(torch.nn.Module):
                         time.perf_counter() - started, stats.graphs > graphs_before, agreement is not None)
         else:  # nothing sized or grew (nearly every call): only the fills changed
             stats.record_fills(rows)
-        if stats.graphs > graphs_before:
-            log.info("compiled %d graph(s) at caps %s in %.1f s", stats.graphs - graphs_before, self.cap_state,
-                     time.perf_counter() - started)
+        if notice is not None:
+            work = stats.work(work_before)
+            notice.done(f"{'first call' if index == 0 else f'call {index}'} at caps {self.cap_state}: {work} "
+                        f"({time.perf_counter() - started:.1f} s in all)")
         # a compile is explained by caps or a call form (keywords) not run before
         if stats.recompiles > recompiles_before and not new_form:
             self._unexplained(index, stats.graphs - graphs_before, failures_before)
@@ -304,6 +314,24 @@ class PaddedModel(torch.nn.Module):
                                             ready=self._ready, agreed=agreed)
             if shrinks:
                 self.stats.record_shrinks(shrinks, self.cap_state)
+
+    def _notice(self, index: int, trial: dict[str, int]) -> CompileNotice | None:
+        """The notice of a call that may compile at caps ``trial``: the first
+        call, one whose caps changed (fitted or grew), or the first after a
+        shrink to caps no graph is ready for; None for any other."""
+        if index == 0:
+            what = f"first call at caps {trial}"
+        elif trial != self.cap_state:
+            sizer = self.sizer
+            what = f"caps {caps_changed(self.cap_state, trial, sizer is not None and not sizer.settled)}"
+        else:
+            shrinks = self.stats.shrinks
+            if not shrinks or shrinks[-1].call != index - 1 or trial in self._ready():  # (nearly every call)
+                return None
+            shrunk = [e for e in shrinks if e.call == index - 1]  # after the last call
+            what = f"caps {caps_changed({e.key: e.old for e in shrunk}, {e.key: e.new for e in shrunk}, False)}"
+        built = "package" if self.aot is not None else "graph"
+        return CompileNotice(log, f"{what}: compiling or loading the {built}")
 
     def _ready(self) -> list[dict[str, int]]:
         """Caps whose graphs are ready: they ran before (Dynamo's cache holds
@@ -443,9 +471,13 @@ class PaddedModel(torch.nn.Module):
 
         t0 = time.perf_counter()
         rungs = warm_rungs(self.cap_state, resolved, self.options.warm_ladder, self.max_caps, self.sizer)
-        for caps in warm(rungs, self.cap_state, step, self.ladder):
-            self._forms.add((form, tuple(caps.items())))
+        before = self.stats.snapshot()
+        with CompileNotice(log, f"warm ladder: compiling or loading {len(rungs)} rung(s) above caps "
+                                f"{self.cap_state}") as notice:
+            for caps in warm(rungs, self.cap_state, step, self.ladder):
+                self._forms.add((form, tuple(caps.items())))
         self.stats.warm_seconds += time.perf_counter() - t0
+        notice.done(f"warm ladder: {self.stats.work(before)}")
 
     def _eager(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The unpadded, uncompiled model (``on_overflow="eager"``)."""

@@ -9,14 +9,14 @@ compiles are the :class:`~._ladder.Ladder`'s, read here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._capacity import CapResolution
 from ._ladder import Ladder
 
-__all__ = ["CapEvent", "Stats"]
+__all__ = ["CapEvent", "Stats", "caps_changed", "lowest_fill"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,11 @@ class Stats:
         Backend time of the compiled graphs, and of the loaded graphs plus
         reading compile-store entries (Dynamo's tracing is in neither).
     store_hits, store_misses
-        Graphs whose compile-store entry was there (and loaded) / was not.
+        Graphs whose compile-store entry was there / was not (then compiled,
+        or loaded from torch's own cache, and written).
+    store_loads
+        Of ``graphs_loaded``: those loaded from their compile-store entry
+        (the rest came from torch's own on-disk cache).
     background_started, background_used, background_wasted
         Background compiles of the next bucket: started, whose caps a later
         growth reached, and finished or stopped without being reached.
@@ -139,6 +143,7 @@ class Stats:
     load_seconds: float = 0.0
     store_hits: int = 0
     store_misses: int = 0
+    store_loads: int = 0
     warm_seconds: float = 0.0
     aot_compiled: int = 0
     aot_loaded: int = 0
@@ -281,6 +286,33 @@ class Stats:
         fit_calls`` when padding holds (graph breaks add frames, not compiles per frame)."""
         return max(self.graphs_per_frame.values(), default=0)
 
+    def work(self, since: Mapping[str, float] | None = None) -> str:
+        """What compiling took since ``since`` (a :meth:`snapshot`; None: since
+        the start), in words: "compiled 1 graph in 30.1 s", "loaded 1 graph
+        from the compile store in 2.0 s", "loaded 1 package in 0.02 s", each
+        with the first-use checks' seconds; "nothing compiled or loaded"."""
+        base = since or {}
+        d = {name: getattr(self, name) - base.get(name, 0) for name in _WORK}
+        parts = []
+        if d["graphs_compiled"]:
+            parts.append(f"compiled {_count(d['graphs_compiled'], 'graph')} in {d['compile_seconds']:.1f} s")
+        if d["graphs_loaded"]:
+            store, own = d["store_loads"], d["graphs_loaded"] - d["store_loads"]
+            sources = " and ".join(f"{n} from {where}" for n, where in ((store, "the compile store"),
+                                                                         (own, "torch's own cache")) if n)
+            parts.append(f"loaded {_count(d['graphs_loaded'], 'graph')} ({sources}) in {d['load_seconds']:.1f} s")
+        if d["aot_compiled"]:
+            parts.append(f"built {_count(d['aot_compiled'], 'package')} in {d['aot_seconds']:.1f} s")
+        if d["aot_loaded"]:
+            parts.append(f"loaded {_count(d['aot_loaded'], 'package')} in {d['aot_load_seconds']:.2f} s")
+        if d["checks"]:
+            parts.append(f"checked against the eager step in {d['check_seconds']:.1f} s")
+        return ", ".join(parts) or "nothing compiled or loaded"
+
+    def snapshot(self) -> dict[str, float]:
+        """The counts :meth:`work` describes, as they are now."""
+        return {name: getattr(self, name) for name in _WORK}
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready summary."""
         return {
@@ -306,6 +338,7 @@ class Stats:
 
 _COMPILE_FIELDS = (
     "graphs_compiled", "graphs_loaded", "compile_seconds", "load_seconds", "store_hits", "store_misses",
+    "store_loads",
     "background_started", "background_used", "background_wasted", "graphs_uncached",
     "rungs_warmed", "rungs_used", "warm_seconds",
     "aot_compiled", "aot_loaded", "aot_checked", "aot_refused", "aot_seconds", "aot_load_seconds", "aot_background",
@@ -313,3 +346,27 @@ _COMPILE_FIELDS = (
 )
 
 
+# what :meth:`Stats.work` reports
+_WORK = ("graphs_compiled", "compile_seconds", "graphs_loaded", "store_loads", "load_seconds", "aot_compiled",
+         "aot_seconds", "aot_loaded", "aot_load_seconds", "checks", "check_seconds")
+
+
+def _count(n: float, noun: str) -> str:
+    return f"{n:g} {noun}" + ("" if n == 1 else "s")
+
+
+def lowest_fill(fill: Mapping[str, float]) -> float | None:
+    """The lowest ``real / cap`` of a fill (``Stats.fill``, ``mean_fill``),
+    systems aside (a system is whole: its fill says nothing of dead rows);
+    None for no key."""
+    return min((value for key, value in fill.items() if key != "systems"), default=None)
+
+
+def caps_changed(before: Mapping[str, int], after: Mapping[str, int], fitting: bool) -> str:
+    """What a change of caps did, with each changed cap: "fitted (atoms 80
+    -> 65, ...)" (``fitting``: the call fits them, ``cap_policy="tight"``),
+    "shrank (...)" when every changed cap went down, else "grew (...)"."""
+    changed = {key: (before.get(key), new) for key, new in after.items() if before.get(key) != new}
+    down = all(old is not None and new < old for old, new in changed.values())
+    verb = "fitted" if fitting else "shrank" if changed and down else "grew"
+    return f"{verb} ({', '.join(f'{key} {old} -> {new}' for key, (old, new) in changed.items())})"

@@ -64,7 +64,7 @@ def first_call(adapter_name: str, store: str, backend: str, device: str, dtype: 
     s = wrapped.stats
     return {
         "first_call_s": seconds, "graphs_compiled": s.graphs_compiled + s.aot_compiled,
-        "graphs_loaded": s.graphs_loaded + s.aot_loaded, "aot_refused": s.aot_refused,
+        "graphs_loaded": s.graphs_loaded + s.aot_loaded, "aot_loaded": s.aot_loaded, "aot_refused": s.aot_refused,
         "compile_s": s.compile_seconds + s.aot_seconds, "load_s": s.load_seconds + s.aot_load_seconds,
         "store_hits": s.store_hits, "energy": energy.tolist(), "forces": forces.tolist(),
         "steady_s": sorted(steady)[len(steady) // 2],
@@ -241,6 +241,8 @@ def growing(adapter: str, *, steps: int = 200, every: int = 5, threshold: float 
 def format_growing(adapter: str, results: dict[str, dict[str, Any]]) -> str:
     """A table: total, first step, slowest later step over the median, and
     what compiled, loaded, ran in the background and was warmed."""
+    from ._stats import lowest_fill
+
     first = next(iter(results.values()))
     header = (f"{'growths':<17} {'total s':>8} {'first s':>8} {'slowest later s':>15} {'x median':>9} "
               f"{'slowest growth s':>16} {'x median':>9} {'compiled':>8} {'loaded':>6} {'bg started/used':>15} "
@@ -252,7 +254,7 @@ def format_growing(adapter: str, results: dict[str, dict[str, Any]]) -> str:
                     f"{r['max_growth_s'] / r['median_s']:>9.1f} {r['graphs_compiled']:>8} {r['graphs_loaded']:>6} "
                     f"{r['background_started']:>7}/{r['background_used']:<7} "
                     f"{r.get('rungs_warmed', 0):>8}/{r.get('rungs_used', 0):<8} "
-                    f"{min((v for k, v in r.get('mean_fill', {}).items() if k != 'systems'), default=0):>5.3f}")
+                    f"{lowest_fill(r.get('mean_fill', {})) or 0:>5.3f}")
     return "\n".join(rows)
 
 

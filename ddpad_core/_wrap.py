@@ -37,6 +37,9 @@ def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder 
          **options: Any) -> PaddedModel:
     """Wrap ``model`` so it always runs at fixed padded shapes.
 
+    Calls on one wrapped model are serialised: two threads calling it at
+    once take turns (a padder's buffers are the model's one input).
+
     Parameters
     ----------
     model
@@ -45,6 +48,9 @@ def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder 
         An :class:`~ddpad.adapters.Adapter` or a registered name (``"mace"``).
     padder
         Override the adapter's padder.
+
+    Other Parameters
+    ----------------
     compile
         Compile the model with ``torch.compile`` (default True; ``dynamic=False``
         unless given); ``backend``, ``mode``, ``fullgraph``, ``options`` pass through.
@@ -120,9 +126,6 @@ def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder 
         on a steady call. ``False`` returns whatever the compiler made.
     **compile_kwargs
         Other keywords go to ``torch.compile``.
-
-    Calls on one wrapped model are serialised: two threads calling it at
-    once take turns (a padder's buffers are the model's one input).
     """
     adapter = resolve_adapter(adapter)
     source = None

@@ -14,12 +14,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._version import install_command
+
 try:
     from ase.calculators.calculator import Calculator as _AseCalculator
     from ase.calculators.calculator import all_changes
     from ase.stress import full_3x3_to_voigt_6_stress
 except ImportError as exc:  # pragma: no cover - exercised only without ase
-    raise ImportError("ddpad.ase needs ASE: pip install ase (or any model extra, e.g. 'ddpad[mace]')") from exc
+    raise ImportError(f"ddpad.ase needs ASE: pip install ase (or any model extra, e.g. "
+                      f"{install_command('mace')})") from exc
 
 from ._evaluator import Evaluator
 from ._padded import PaddedModel

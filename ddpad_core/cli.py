@@ -20,11 +20,11 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ddpad._fs import cache_dir
-from ddpad._noise import NOISE
+from ddpad._noise import ignore_noise
 
 if TYPE_CHECKING:
     import torch
@@ -70,12 +70,6 @@ def _format_warning(message: Warning | str, category: type[Warning], filename: s
     if text.startswith("ddpad: "):
         return f"ddpad: warning: {text[len('ddpad: '):]}\n"
     return f"{category.__name__} ({filename}:{lineno}): {text}\n"
-
-
-def _silence_noise() -> None:
-    """Hide the known third-party warnings (not ddpad's own)."""
-    for message, category in NOISE:  # what users can do nothing about (shown with -v)
-        warnings.filterwarnings("ignore", message=message, category=category)
 
 
 @contextlib.contextmanager
@@ -337,28 +331,46 @@ def _cache_dir() -> str:
 
 
 class _Progress:
-    """A progress bar on a terminal, a line per 10 % otherwise (logs, CI).
-    Steps/s count from :meth:`start` (after the first call's compile)."""
+    """A progress bar on a terminal, a line per 10 % otherwise (logs, CI):
+    the steps/s of the steps since the last 10 % mark, less those that
+    compiled or loaded a graph (``compiles``: how many so far), and apart
+    the seconds spent in those and the first call."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, compiles: Callable[[], int] = lambda: 0) -> None:
         self.total = total
-        self.started = time.perf_counter()
+        self.compiles = compiles
         self.open = False  # a bar is drawn on the current terminal line
+        self.start(0.0)
 
-    def start(self) -> None:
-        self.started = time.perf_counter()
+    def start(self, compiling: float) -> None:
+        """The steps start; the first call took ``compiling`` seconds."""
+        self.last, self.seen, self.compiling = time.perf_counter(), self.compiles(), compiling
+        self.steps, self.seconds = 0, 0.0  # the steps since the last mark that compiled nothing
+        self.all_steps, self.all_seconds = 0, 0.0  # every step that compiled nothing
 
     def step(self, step: int) -> None:
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
+        seen = self.compiles()
+        if seen != self.seen:  # this step compiled or loaded: its time is the compile's
+            self.seen, self.compiling = seen, self.compiling + seconds
+        else:
+            self.steps, self.seconds = self.steps + 1, self.seconds + seconds
+            self.all_steps, self.all_seconds = self.all_steps + 1, self.all_seconds + seconds
         width = 30
         done = int(width * step / self.total)
-        rate = step / max(time.perf_counter() - self.started, 1e-9)
-        line = f"[{'#' * done}{'.' * (width - done)}] {step}/{self.total} steps, {rate:6.2f} steps/s"
+        rate = f"{self.steps / max(self.seconds, 1e-9):6.2f}" if self.steps else "     -"
+        line = (f"[{'#' * done}{'.' * (width - done)}] {step}/{self.total} steps, {rate} steps/s, "
+                f"{self.compiling:.1f} s compiling so far")
+        mark = step == self.total or step % max(1, self.total // 10) == 0
         if sys.stderr.isatty():
             self.open = step != self.total
             sys.stderr.write("\r" + line + ("\n" if step == self.total else ""))
-        elif step == self.total or step % max(1, self.total // 10) == 0:
+        elif mark:
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
+        if mark:
+            self.steps, self.seconds = 0, 0.0
 
     def end(self) -> None:
         """End a drawn bar's line (the run stopped before its last step)."""
@@ -376,24 +388,31 @@ class _Progress:
 
 
 class _Announcing:
-    """Stands in for a padded model's padder: when a call will compile (the
-    first call, or caps grew), says so before the compile starts."""
+    """Stands in for a padded model's padder: when a call may compile (the
+    first call, or caps fitted or grew; ``sizer``, the model's tight sizing,
+    says which), says so before the compile starts."""
 
-    def __init__(self, padder: Any, name: str, progress: _Progress) -> None:
+    def __init__(self, padder: Any, name: str, progress: _Progress, sizer: Any = None) -> None:
+        from ._stats import caps_changed  # (torch: imported by the command, not by the CLI's parser)
+
+        self._changed = caps_changed
         self._padder = padder
         self._name = name
         self._progress = progress
+        self._sizer = sizer
         self._first = True
 
     def pad(self, data: Any, cap_state: dict[str, int], *args: Any, **kwargs: Any) -> Any:
         before = dict(cap_state)
+        fitting = self._sizer is not None and not self._sizer.settled  # (a change in the window is the fit)
         out = self._padder.pad(data, cap_state, *args, **kwargs)
         if self._first:
             self._first = False
-            self._progress.say(f"compiling {self._name} at caps {dict(cap_state)} (first call)…")
+            self._progress.say(f"first call of {self._name} at caps {dict(cap_state)}: compiling or loading "
+                               "its graph…")
         elif cap_state != before:
-            grown = ", ".join(f"{k} {before.get(k)} -> {v}" for k, v in cap_state.items() if before.get(k) != v)
-            self._progress.say(f"caps grew ({grown}): compiling one more graph…")
+            self._progress.say(f"caps {self._changed(before, cap_state, fitting)}: compiling or loading their "
+                               "graph…")
         return out
 
     def __getattr__(self, name: str) -> Any:  # unpad, restore, allocations ...
@@ -466,19 +485,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     preset = caps_path if caps_in is not None else None
     calc = Calculator(model, adapter, compile=not args.no_compile, caps=preset, cap_policy=args.cap_policy,
                       **compile_kwargs)
-    progress = _Progress(args.steps)
     wrapped = calc.wrapped
     assert wrapped is not None
+    stats = wrapped.stats
+    progress = _Progress(args.steps, lambda: stats.graphs + stats.aot_compiled + stats.aot_loaded)
     if not args.no_compile:
-        wrapped.padder = _Announcing(wrapped.padder, adapter.name, progress)
+        wrapped.padder = _Announcing(wrapped.padder, adapter.name, progress, wrapped.sizer)
     atoms.calc = calc
     dyn = _langevin(atoms)
-    counter = {"step": 0}
 
     def tick() -> None:
-        counter["step"] += 1
-        if counter["step"] <= args.steps:
-            progress.step(counter["step"])
+        if 1 <= dyn.nsteps <= args.steps:  # (ASE calls its observers before the first step too)
+            progress.step(dyn.nsteps)
 
     dyn.attach(tick, interval=1)
     writer = None
@@ -491,18 +509,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise _Interrupted(f"interrupted during the first {what_ran}; nothing was written") from None
         first = time.perf_counter() - started
         if not args.no_compile:
-            print(f"first call done in {first:.1f} s (compile included)", flush=True)
+            print(f"first call {first:.1f} s: {stats.work()}", flush=True)
         if args.traj:  # opened only now: an interrupted first compile leaves no empty file
             import ase.io
 
             writer = open(args.traj, "w", encoding="utf-8")  # noqa: SIM115 - closed below
             dyn.attach(lambda: ase.io.write(writer, atoms, format="extxyz"), interval=args.traj_every)
-        progress.start()
+        progress.start(first)
         try:
             dyn.run(args.steps)
         except KeyboardInterrupt:
             progress.end()
-            raise _Interrupted(f"interrupted at step {min(counter['step'], args.steps)} of {args.steps}; "
+            raise _Interrupted(f"interrupted at step {min(dyn.nsteps, args.steps)} of {args.steps}; "
                                f"caps written to {_save_caps(wrapped, caps_path)}"
                                + (f", the trajectory so far to {args.traj}" if args.traj else "")) from None
         ran = time.perf_counter()  # (the steps' time: not the wait for package builds)
@@ -512,10 +530,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if writer is not None:
             writer.close()
     elapsed = ran - started
-    stats = wrapped.stats
-    steady = args.steps / max(elapsed - first, 1e-9)
-    print(f"{args.steps} steps in {elapsed:.1f} s ({steady:.2f} steps/s after the first call, "
-          f"{args.steps / elapsed:.2f} steps/s overall)")
+    stepping = (f"{progress.all_steps / max(progress.all_seconds, 1e-9):.2f} steps/s on the "
+                f"{progress.all_steps} step(s) that compiled nothing" if progress.all_steps else "every step compiled")
+    compiling = "" if args.no_compile else f"{progress.compiling:.1f} s compiling or loading (the first call included), "
+    print(f"{args.steps} steps in {elapsed:.1f} s: {compiling}{stepping}")
     print(f"compiled graphs: {stats.graphs}; {_growth_summary(stats)}; "
           f"unexplained recompiles: {len(stats.unexplained)}")
     if stats.store_hits or stats.store_misses or stats.rungs_warmed or stats.aot_compiled or stats.aot_loaded \
@@ -607,15 +625,22 @@ def _store_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _store_line(stats: Any) -> str:
+    """The compile store's counts: graphs looked up in it (found + not found),
+    graphs compiled + loaded (from the store + from torch's own cache), then
+    background compiles, warm-ladder rungs and packages."""
     uncached = f" ({stats.graphs_uncached} past torch's caches)" if stats.graphs_uncached else ""
     aot = (f"; ahead-of-time packages: {stats.aot_compiled} built in {stats.aot_seconds:.1f} s, {stats.aot_loaded} "
            f"loaded in {stats.aot_load_seconds:.2f} s, {stats.aot_checked} checked against eager, "
            f"{stats.aot_refused} call form(s) on torch.compile"
            if stats.aot_compiled or stats.aot_loaded or stats.aot_refused else "")
     unused = stats.background_started - stats.background_used
-    return (f"compile store: {stats.graphs_compiled} graph(s) compiled{uncached} in {stats.compile_seconds:.1f} s, "
-            f"{stats.graphs_loaded} loaded in {stats.load_seconds:.1f} s ({stats.store_hits} hits, "
-            f"{stats.store_misses} misses); background compiles: {stats.background_started} started, "
+    looked_up = stats.store_hits + stats.store_misses
+    return (f"compile store: {stats.store_hits} of {looked_up} graph(s) found in it, {stats.store_misses} not "
+            f"(compiled or taken from torch's own cache, then written); graphs: {stats.graphs_compiled} "
+            f"compiled{uncached} in {stats.compile_seconds:.1f} s, {stats.graphs_loaded} loaded in "
+            f"{stats.load_seconds:.1f} s ({stats.store_loads} from the store, "
+            f"{stats.graphs_loaded - stats.store_loads} from torch's own cache); background compiles: "
+            f"{stats.background_started} started, "
             f"{stats.background_used} used"
             + (f" ({unused} unused: worker CPU time this run did not need)" if unused else "")
             + (f"; warm ladder: {stats.rungs_warmed} rung(s) in {stats.warm_seconds:.1f} s, {stats.rungs_used} "
@@ -703,8 +728,9 @@ def _precompile_packages(args: argparse.Namespace, adapter: Any, model: Any, wha
 
 
 def _bench_compile_store(args: argparse.Namespace) -> int:
-    """Cold / store-only / warm first calls and the growing trajectory, each
-    in fresh processes with empty caches; a JSON report and a plot."""
+    """Cold / store-only / warm first calls and (unless ``--first-call``) the
+    growing trajectory, each in fresh processes with empty caches; a JSON
+    report and a plot of the growing trajectory."""
     from ._warmstart import (
         format_growing,
         format_warm_start,
@@ -715,11 +741,16 @@ def _bench_compile_store(args: argparse.Namespace) -> int:
 
     adapter = _adapter(args.adapter, args.verbose)
     device = _device(args.device)
-    dtype = args.dtype
-    print(f"ddpad bench {adapter.name} --compile-store: fresh processes, empty stores and Inductor caches "
+    # the children build the model ddpad run would: the dtype resolved here (an adapter takes a dtype, not None)
+    dtype = str(_dtype(adapter, args.dtype)).removeprefix("torch.")
+    mode = "--first-call" if args.first_call else "--compile-store"
+    print(f"ddpad bench {adapter.name} {mode}: {dtype}, fresh processes, empty stores and Inductor caches "
           f"(several compiles: minutes on a CPU)", flush=True)
     warm = warm_start(adapter.name, backend=args.backend, device=device, dtype=dtype)
     print(format_warm_start(adapter.name, warm), flush=True)
+    if args.first_call:
+        _write_json(args.out, {"adapter": adapter.name, "device": device, "dtype": dtype, "warm_start": warm})
+        return 0
     grow = growing(adapter.name, steps=args.steps, backend=args.backend, device=device, dtype=dtype,
                    aot=args.aot_ladder)
     print(format_growing(adapter.name, grow), flush=True)
@@ -762,10 +793,7 @@ def _bench_steady(args: argparse.Namespace) -> int:
                           call_kwargs=adapter.call_options(False),
                           on_variant=lambda name: print(f"compiling / warming {name}…", flush=True))
     print(format_steady(result))
-    _output_path(args.out, "--out")
-    with open(args.out, "w", encoding="utf-8") as fh:
-        json.dump({**result, "model": what}, fh, indent=2)
-    print(f"wrote {args.out}")
+    _write_json(args.out, {**result, "model": what})
     return 0
 
 
@@ -787,6 +815,7 @@ def _bench_overhead(args: argparse.Namespace) -> int:
     calls = args.calls if args.calls is not None else QUICK_CALLS if args.quick else 50
     if min(sizes) < 1 or calls < 1:
         raise CliError(f"--sizes and --calls must be >= 1, got {list(sizes)} and {calls}")
+    _output_path(args.out, "--out")
     print(f"ddpad bench --overhead: PaddedModel(compile=False) around a trivial model, {calls} calls per "
           "median, one thread; overhead = wrapped - model; clone = {k: v.clone()} of the input; device ops = "
           "kernels a steady call adds on a GPU"
@@ -799,8 +828,18 @@ def _bench_overhead(args: argparse.Namespace) -> int:
     unknown = sorted(set(padders or ()) - set(PADDERS))
     if unknown:
         raise CliError(f"--padders: unknown {unknown}; the padders are {sorted(PADDERS)}")
-    print(format_table(overhead_table(sizes, calls, paths=args.paths, padders=padders)))
+    rows = overhead_table(sizes, calls, paths=args.paths, padders=padders)
+    print(format_table(rows))
+    _write_json(args.out, {"sizes": list(sizes), "calls": calls, "threads": _threads(), "rows": rows})
     return 0
+
+
+def _write_json(path: str, report: dict[str, Any]) -> None:
+    """Write a bench's JSON report and say where."""
+    _output_path(path, "--out")
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1)
+    print(f"wrote {path}")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -808,10 +847,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.overhead:  # a core install (torch only) runs it: no _bench, no numpy
         return _bench_overhead(args)
     from ._bench import VARIANTS, fluctuating_trajectory, plot, run_bench
+    from ._stats import lowest_fill
 
     if args.adapter is None:
         raise CliError("ddpad bench needs an adapter name (see 'ddpad list'), or --overhead")
-    if args.compile_store:
+    if args.compile_store or args.first_call:
         return _bench_compile_store(args)
     if args.steady:
         return _bench_steady(args)
@@ -860,11 +900,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for name, res in result["variants"].items():
         med = res["steady_median_s"]
         ratio = result["ddpad_speedup"].get(name, {}).get("total")
-        fills = [v for k, v in res["fill"].items() if k != "systems"]
+        low = lowest_fill(res["fill"])
         slowest = res["slowest_later_s"] / med if med else float("nan")
         print(f"{name:<16} {res['total_s']:9.2f} {res['compile_s']:10.2f} "
               f"{(med * 1e3 if med else float('nan')):10.2f} {res['graphs']:7d} {res['recompiles']:7d} "
-              f"{res['growth_calls']:7d} {slowest:13.1f} {(f'{min(fills):.3f}' if fills else '-'):>6} "
+              f"{res['growth_calls']:7d} {slowest:13.1f} {(f'{low:.3f}' if low is not None else '-'):>6} "
               f"{(f'{ratio:.2f}x' if ratio else '-'):>16}")
     print("growths: calls that grew or fitted caps; fill: the lowest key's real rows / cap (mean since the caps "
           "last changed); ddpad faster by: this variant's total time / ddpad's (below 1: this variant was faster)")
@@ -985,9 +1025,8 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="eager / unpadded torch.compile / ddpad on one fluctuating trajectory",
         description="Time eager, torch.compile without padding (dynamic=False, True, default), the model "
                     "package's own padding where it has one, and ddpad on one trajectory whose atom count "
-                    "changes; write a JSON report and a plot. The default takes about 10 minutes for mace on "
-                    "a 2-core CPU (compiles dominate); for a quick look: --steps 20 --variants "
-                    "eager,compile-dynamic,ddpad.")
+                    "changes; write a JSON report and a plot. Compiles dominate (minutes per compiled variant "
+                    "on a CPU); for a quick look: --steps 20 --variants eager,compile-dynamic,ddpad.")
     _common_options(p_bench)
     adapter_arg = next(a for a in p_bench._actions if a.dest == "adapter")
     adapter_arg.nargs = "?"  # not needed with --overhead (checked in cmd_bench)
@@ -1028,6 +1067,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="instead: first calls cold / from the store / warm, and a system growing by one "
                               "atom every 5 steps (--steps) with and without background compiles, each in fresh "
                               "processes (default: off)")
+    p_bench.add_argument("--first-call", action="store_true",
+                         help="instead: the first call cold / from the store / warm / as an ahead-of-time "
+                              "package built then loaded, each in a fresh process (--compile-store without the "
+                              "growing trajectory; default: off)")
     p_bench.add_argument("--out", default="ddpad-bench.json", metavar="FILE",
                          help="JSON report (default: ddpad-bench.json)")
     p_bench.add_argument("--plot", default="ddpad-bench.png", metavar="FILE",
@@ -1067,8 +1110,8 @@ def _cli_scope(verbose: bool) -> Iterator[None]:
             other.setFormatter(logging.Formatter("%(name)s: %(message)s"))
             handlers.append((root, other))
             root.setLevel(logging.INFO)
-        else:
-            _silence_noise()
+        else:  # the known third-party warnings, not ddpad's own (shown with -v)
+            ignore_noise()
         for logger, handler in handlers:
             logger.addHandler(handler)
         try:

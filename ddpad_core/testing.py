@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ._padded import PaddedModel
+from ._version import install_command
 from ._wrap import resolve_adapter
 
 __all__ = [
@@ -336,7 +337,7 @@ def check_torchsim(adapter: Any, model: torch.nn.Module, batches: Sequence[Seque
     """``ddpad.torchsim.Model`` on torch-sim states of ``batches`` (lists of
     ``ase.Atoms``; their system and atom counts changing) gives the eager
     model's energies and forces, on one graph per growth."""
-    ts = pytest.importorskip("torch_sim", reason="torch-sim not installed: pip install 'ddpad[torchsim]'")
+    ts = pytest.importorskip("torch_sim", reason=f"torch-sim not installed: {install_command('torchsim')}")
     from ddpad.torchsim import Model
 
     adapter = resolve_adapter(adapter)

@@ -23,11 +23,13 @@ from typing import Any
 
 import torch
 
+from ._version import install_command
+
 try:
     import torch_sim as ts
     from torch_sim.models.interface import ModelInterface
 except ImportError as exc:  # pragma: no cover - exercised only without torch-sim
-    raise ImportError("ddpad.torchsim needs torch-sim: pip install 'ddpad[torchsim]'") from exc
+    raise ImportError(f"ddpad.torchsim needs torch-sim: {install_command('torchsim')}") from exc
 
 from ._evaluator import Evaluator
 from ._padded import PaddedModel

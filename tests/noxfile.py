@@ -49,6 +49,8 @@ CORE_TESTS = [
     "tests/test_tight.py",
     "tests/test_aot.py",
     "tests/test_verify.py",
+    "tests/test_docs.py",
+    "tests/test_benchmarks_page.py",
 ]
 
 
@@ -135,17 +137,17 @@ def _adapter_session(session: nox.Session, extra: str, *tests: str) -> None:
 @_session
 def core(session: nox.Session) -> None:
     """The core library, no model package: capacity, padders, agreement, runtime, registry."""
-    _install(session, "test")
-    session.install("--no-compile", "-c", CONSTRAINTS, "./tests/plugin_pkg", "mkdocs")
+    _install(session, "test,docs")
+    session.install("--no-compile", "-c", CONSTRAINTS, "./tests/plugin_pkg")
     _pytest(session, *CORE_TESTS)
-    # the docs build with warnings as errors
+    # the docs, API reference included, build with warnings as errors
     session.run("mkdocs", "build", "--strict", "-f", "docs/mkdocs.yml", "-d", session.create_tmp() + "/site")
 
 
 @_session
 def aimnet2(session: nox.Session) -> None:
     """The AIMNet2 adapter against the aimnet package."""
-    _adapter_session(session, "aimnet2", "tests/test_aimnet2.py", *INSTALLED_REGISTRY)
+    _adapter_session(session, "aimnet2", "tests/test_aimnet2.py", "tests/test_docs.py", *INSTALLED_REGISTRY)
 
 
 @_session
@@ -157,7 +159,8 @@ def mace(session: nox.Session) -> None:
     _install(session, "mace,torchsim,test")
     _installed(session, "mace,torchsim")
     session.install("--no-compile", "-c", CONSTRAINTS, "./tests/plugin_pkg")
-    _pytest(session, "tests/test_mace.py", *INSTALLED_REGISTRY, "tests/test_readme.py", "tests/test_torchsim.py",
+    _pytest(session, "tests/test_mace.py", *INSTALLED_REGISTRY, "tests/test_readme.py", "tests/test_docs.py",
+            "tests/test_torchsim.py",
             "tests/test_cli.py::test_elements_the_model_does_not_know_are_one_line",
             "tests/test_cli.py::test_random_model_is_built_for_the_systems_elements")
 
@@ -165,7 +168,7 @@ def mace(session: nox.Session) -> None:
 @_session
 def uma(session: nox.Session) -> None:
     """The UMA adapter against fairchem-core (e3nn >= 0.5: its own environment)."""
-    _adapter_session(session, "uma", "tests/test_uma.py", *INSTALLED_REGISTRY)
+    _adapter_session(session, "uma", "tests/test_uma.py", "tests/test_docs.py", *INSTALLED_REGISTRY)
 
 
 @_session
@@ -184,13 +187,13 @@ def lammps(session: nox.Session) -> None:
 def sevennet(session: nox.Session) -> None:
     """The SevenNet adapter against sevenn (e3nn >= 0.5: its own environment),
     torch-sim included (the conformance kit runs it where it is installed)."""
-    _adapter_session(session, "sevennet,torchsim", "tests/test_sevennet.py", *INSTALLED_REGISTRY)
+    _adapter_session(session, "sevennet,torchsim", "tests/test_sevennet.py", "tests/test_docs.py", *INSTALLED_REGISTRY)
 
 
 @_session
 def nequip(session: nox.Session) -> None:
     """The NequIP adapter against nequip, torch-sim included."""
-    _adapter_session(session, "nequip,torchsim", "tests/test_nequip.py", *INSTALLED_REGISTRY)
+    _adapter_session(session, "nequip,torchsim", "tests/test_nequip.py", "tests/test_docs.py", *INSTALLED_REGISTRY)
 
 
 @_session
@@ -204,7 +207,7 @@ def allegro(session: nox.Session) -> None:
 @_session
 def orb(session: nox.Session) -> None:
     """The Orb adapter against orb-models, torch-sim included."""
-    _adapter_session(session, "orb,torchsim", "tests/test_orb.py", *INSTALLED_REGISTRY)
+    _adapter_session(session, "orb,torchsim", "tests/test_orb.py", "tests/test_docs.py", *INSTALLED_REGISTRY)
 
 
 @_session
@@ -213,4 +216,4 @@ def mattersim(session: nox.Session) -> None:
     torchvision mattersim requires stays installed, unimported: see the
     extra's torchmetrics pin in pyproject.toml)."""
     # the whole registry module: its broken-package tests shadow a real mattersim here
-    _adapter_session(session, "mattersim,torchsim", "tests/test_mattersim.py", "tests/test_registry.py")
+    _adapter_session(session, "mattersim,torchsim", "tests/test_mattersim.py", "tests/test_docs.py", "tests/test_registry.py")

@@ -44,7 +44,8 @@ def test_list_shows_missing_packages_with_hints() -> None:
     assert rows["toy"]["status"] == "installed" and rows["toy"]["kind"] == "plugin"
     assert rows["broken"]["status"] == "broken" and "broken on purpose" in rows["broken"]["error"]
     for name in ("mace", "uma", "aimnet2"):
-        assert rows[name]["kind"] == "built-in" and rows[name]["install"] == f"pip install 'ddpad[{name}]'"
+        assert rows[name]["kind"] == "built-in"
+        assert rows[name]["install"] == f"pip install torch==2.13.0 'ddpad[{name}]'"
     text = ddpad("list").stdout
     assert text.splitlines()[0].split() == ["adapter", "kind", "status", "version", "install"]
 
@@ -63,13 +64,17 @@ def test_run_writes_caps_trajectory_and_numbers(tmp_path: pathlib.Path) -> None:
     # tight caps (ddpad run's default): fitted on the window's last step, the fill said per key
     fill = next(line for line in res.stdout.splitlines() if line.startswith("fill (tight"))
     assert "caps fitted on step 9" in fill and doc["fits"] and min(doc["mean_fill"].values()) > 0.5
-    # the compile is announced before it starts, with the caps, and timed
+    # the compile is announced before it starts, with the caps, and said when done: what it compiled, in how long
     lines = res.stdout.splitlines()
-    i = next(i for i, line in enumerate(lines) if line.startswith("compiling toy at caps {"))
-    assert lines[i].endswith(" (first call)…")
-    announced = ast.literal_eval(lines[i][len("compiling toy at caps "):-len(" (first call)…")])
+    i = next(i for i, line in enumerate(lines) if line.startswith("first call of toy at caps {"))
+    assert lines[i].endswith(": compiling or loading its graph…")
+    announced = ast.literal_eval(lines[i].removeprefix("first call of toy at caps ").split(": compiling")[0])
     assert set(announced) == {"atoms", "edges", "systems"} and min(announced.values()) > 0
-    assert lines[i + 1].startswith("first call done in ")
+    assert re.fullmatch(r"first call [\d.]+ s: compiled \d+ graphs? in [\d.]+ s, checked against the eager step "
+                        r"in [\d.]+ s", lines[i + 1]), lines[i + 1]
+    # the tight fit shrank the caps: said as a fit, with each cap old -> new, never as a growth
+    fit = ", ".join(f"{e['key']} {e['old']} -> {e['new']}" for e in doc["fits"])
+    assert f"caps fitted ({fit}): compiling or loading their graph…" in lines and "caps grew" not in res.stdout
     # caps go to the user cache folder, never into the working directory unasked
     assert not list(tmp_path.glob("*caps*.json"))
     (cached,) = (tmp_path / "cache" / "ddpad" / "caps").glob("toy-Ar27-*.json")
@@ -91,13 +96,54 @@ def test_run_writes_caps_trajectory_and_numbers(tmp_path: pathlib.Path) -> None:
     assert f"caps loaded from ddpad-toy-caps.json: {caps['caps']}" in again.stdout
 
 
-def test_steps_per_second_exclude_the_first_call(capsys: pytest.CaptureFixture[str]) -> None:
-    progress = cli._Progress(4)
-    progress.started -= 100.0  # a 100 s first call (the compile) ...
-    progress.start()  # ... ends: the rate counts from here
-    progress.started -= 2.0  # 4 steps in 2 s
-    progress.step(4)
-    assert "4/4 steps,   2.00 steps/s" in capsys.readouterr().err
+def test_steps_per_second_exclude_the_compiles(capsys: pytest.CaptureFixture[str]) -> None:
+    """The progress line's steps/s counted the compiles in: it is the rate
+    of the steps since the last line that compiled nothing, and the time
+    spent compiling (the first call's, then each compiling step's) is apart."""
+    compiles = [1]
+    progress = cli._Progress(20, lambda: compiles[0])  # (a line every 2 steps)
+    progress.start(100.0)  # a 100 s first call
+    for step, seconds, compiled in ((1, 0.5, 0), (2, 0.5, 0), (3, 7.0, 1), (4, 1.0, 0), (5, 3.0, 1), (6, 3.0, 1)):
+        progress.last -= seconds
+        compiles[0] += compiled
+        progress.step(step)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and "2/20 steps,   2.00 steps/s, 100.0 s compiling so far" in lines[0], lines
+    assert "4/20 steps,   1.00 steps/s, 107.0 s compiling so far" in lines[1], lines
+    assert "6/20 steps,      - steps/s, 113.0 s compiling so far" in lines[2], lines  # compiling steps only
+    # the run's summary: every step that compiled nothing, and the compiling apart
+    assert (progress.all_steps, progress.all_seconds, progress.compiling) == (3, pytest.approx(2.0, abs=0.01),
+                                                                              pytest.approx(113.0, abs=0.01))
+
+
+def test_progress_counts_steps_taken(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first progress line came before the first step (ASE calls its
+    observers once before stepping), so its steps/s timed nothing: each
+    line counts the MD steps taken."""
+    seen: list[tuple[int, int]] = []
+    langevin = cli._langevin
+
+    def watched(atoms: object) -> object:
+        dyn = langevin(atoms)
+        monkeypatch.setattr(cli._Progress, "step", lambda self, step: seen.append((step, dyn.nsteps)))
+        return dyn
+
+    monkeypatch.setattr(cli, "_langevin", watched)
+    assert cli.main(["run", "toy", "--no-compile", "--steps", "3"]) == 0
+    capsys.readouterr()
+    assert seen == [(1, 1), (2, 2), (3, 3)]
+
+
+def test_the_summary_keeps_compiling_apart_from_stepping(capsys: pytest.CaptureFixture[str]) -> None:
+    """It said "(50.50 steps/s after the first call, ...)" with the tight fit's
+    compile inside those steps: the rate is of the steps that compiled nothing."""
+    assert cli.main(["run", "toy", "--no-compile", "--steps", "3"]) == 0
+    assert re.search(r"^3 steps in [\d.]+ s: [\d.]+ steps/s on the 3 step\(s\) that compiled nothing$",
+                     capsys.readouterr().out, re.MULTILINE)
+    assert cli.main(["run", "toy", "--backend", "aot_eager", "--steps", "12", "--no-compile-cache", "--no-caps"]) == 0
+    # the first call compiled, and the tight fit on step 10: 11 steps stepped
+    assert re.search(r"^12 steps in [\d.]+ s: [\d.]+ s compiling or loading \(the first call included\), "
+                     r"[\d.]+ steps/s on the 11 step\(s\) that compiled nothing$", capsys.readouterr().out, re.MULTILINE)
 
 
 def test_bench_json_schema_and_plot(tmp_path: pathlib.Path) -> None:
@@ -124,6 +170,17 @@ def test_bench_json_schema_and_plot(tmp_path: pathlib.Path) -> None:
     for variant in doc["variants"].values():
         assert set(variant) >= {"total_s", "compile_s", "steady_median_s", "graphs", "recompiles", "peak_memory_mb"}
         assert len(variant["cumulative_s"]) == 12 and variant["total_s"] > 0
+        # per step, for the benchmarks page's plots
+        assert len(variant["step_s"]) == len(variant["step_fill"]) == 12
+        assert variant["cumulative_s"][-1] == pytest.approx(sum(variant["step_s"]))
+        assert set(variant["compile_steps"]) == set(range(12)) & set(variant["compile_steps"])
+    assert doc["variants"]["eager"]["step_fill"] == [None] * 12 and not doc["variants"]["eager"]["compile_steps"]
+    for name in ("ddpad", "ddpad-tight"):
+        padded = doc["variants"][name]
+        assert all(0 < f <= 1 for f in padded["step_fill"]) and padded["compile_steps"][0] == 0
+        # every step that grew or fitted caps compiled
+        assert set(padded["growth_steps"]) | set(padded["fit_steps"]) <= set(padded["compile_steps"])
+    assert doc["variants"]["ddpad-tight"]["fit_steps"]  # the tight fit after its window
     assert doc["variants"]["eager"]["graphs"] == 0
     assert doc["variants"]["compile-static"]["recompiles"] > doc["variants"]["ddpad"]["recompiles"]
     assert set(doc["ddpad_speedup"]) == {"eager", "compile-static", "compile-dynamic", "compile-default",
@@ -185,8 +242,11 @@ def test_a_dtype_the_model_package_refuses_is_one_line(monkeypatch: pytest.Monke
 def test_known_third_party_noise_is_silenced_own_warnings_stay() -> None:
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        cli._silence_noise()
+        cli.ignore_noise()
         warnings.warn("The TorchScript type system doesn't support instance-level annotations on empty", UserWarning)
+        # torch's pytree, during an export or a compile (a message with regex characters in it)
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec) and "
+                      "treespec.is_leaf()` instead.", FutureWarning)
         warnings.warn("Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected, since the", UserWarning)
         warnings.warn("ddpad: call 3 compiled 1 graph(s) although no cap changed", RuntimeWarning)
     assert [str(w.message)[:6] for w in seen] == ["ddpad:"]
@@ -424,10 +484,11 @@ def test_ddpad_help_as_a_user_runs_it_imports_no_torch() -> None:
     assert res.returncode == 0 and res.stdout.splitlines()[-1] == "False", (res.stdout[-500:], res.stderr[-2000:])
 
 
-def test_bench_overhead_runs_without_numpy() -> None:
+def test_bench_overhead_runs_without_numpy(tmp_path: pathlib.Path) -> None:
     code = ("import sys\nsys.modules['numpy'] = None  # a core install: torch only\nfrom ddpad import cli\n"
             "sys.exit(cli.main(['bench', '--overhead', '--sizes', '20', '--calls', '1']))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False,
+                         cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "dense-batch" in res.stdout and "ModuleNotFoundError" not in res.stderr
 
@@ -442,6 +503,39 @@ def test_the_summary_says_whether_the_first_calls_were_checked() -> None:
     assert cli._checks_line(stats).startswith("checked against the eager step: 2 compiled graph(s) on their "
                                               "first call, 1 disagreed (0.50 s)")
     assert cli._checks_line(Stats(), verify=False).startswith("not checked against the eager step (--no-verify)")
+
+
+def test_store_line_counts_add_up() -> None:
+    """It said "1 loaded in 66.5 s (0 hits, 1 misses)": the graph missed the
+    store and came from torch's own cache. Looked-up graphs are found + not
+    found; graphs are compiled + loaded; loaded are from the store + from
+    torch's own cache."""
+    from ddpad import Stats
+
+    line = cli._store_line(Stats(graphs=1, graphs_loaded=1, load_seconds=66.5, store_misses=1))
+    assert line.startswith("compile store: 0 of 1 graph(s) found in it, 1 not (compiled or taken from torch's own "
+                           "cache, then written); graphs: 0 compiled in 0.0 s, 1 loaded in 66.5 s (0 from the "
+                           "store, 1 from torch's own cache); "), line
+    line = cli._store_line(Stats(graphs=3, graphs_compiled=1, graphs_loaded=2, store_hits=2, store_misses=1,
+                                 store_loads=2))
+    assert "2 of 3 graph(s) found in it, 1 not" in line and "2 loaded in 0.0 s (2 from the store, 0 from" in line
+
+
+def test_first_call_says_what_it_compiled_or_loaded() -> None:
+    """"first call done in 34.6 s (compile included)" was said of a store
+    load that compiled nothing: the first call says what it compiled, loaded
+    from the store or torch's cache, or loaded as a package, each with its
+    seconds."""
+    from ddpad import Stats
+
+    assert Stats(graphs_compiled=1, compile_seconds=30.1, checks=1, check_seconds=1.25).work() == (
+        "compiled 1 graph in 30.1 s, checked against the eager step in 1.2 s")
+    assert Stats(graphs_loaded=2, store_loads=1, load_seconds=2.0).work() == (
+        "loaded 2 graphs (1 from the compile store and 1 from torch's own cache) in 2.0 s")
+    assert Stats(aot_loaded=1, aot_load_seconds=0.02).work() == "loaded 1 package in 0.02 s"
+    assert Stats(aot_compiled=2, aot_seconds=80.0).work() == "built 2 packages in 80.0 s"
+    before = Stats(graphs_compiled=1, compile_seconds=30.0)
+    assert before.work(before.snapshot()) == "nothing compiled or loaded"
 
 
 def test_growths_are_counted_in_calls_with_the_caps_that_grew() -> None:

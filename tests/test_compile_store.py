@@ -262,7 +262,7 @@ _FIRST_CALL = textwrap.dedent("""
     out = wrapped(_data(model))
     s = wrapped.stats
     print(json.dumps({"compiled": s.graphs_compiled, "loaded": s.graphs_loaded, "hits": s.store_hits,
-                      "rungs": s.rungs_warmed,
+                      "rungs": s.rungs_warmed, "store_loads": s.store_loads,
                       "misses": s.store_misses, "energy": out["energy"].tolist(), "forces": out["forces"].tolist()}))
 """)
 
@@ -286,6 +286,7 @@ def test_a_warm_process_loads_every_graph_and_matches_bit_for_bit(tmp_path: path
     assert cold["rungs"] == warm["rungs"] == rungs
     assert cold["compiled"] >= 1 + rungs and cold["loaded"] == 0 and cold["misses"] == cold["compiled"]
     assert warm["compiled"] == 0 and warm["loaded"] == cold["compiled"] and warm["hits"] == cold["compiled"]
+    assert cold["store_loads"] == 0 and warm["store_loads"] == warm["loaded"]  # every load was the store's
     assert warm["energy"] == cold["energy"] and warm["forces"] == cold["forces"]
 
 
@@ -315,6 +316,42 @@ def test_bench_compile_store_reports_both_comparisons(tmp_path: pathlib.Path, ca
     report = json.loads((tmp_path / "ddpad-bench.json").read_text())
     assert report["warm_start"]["warm"]["energy"] == report["warm_start"]["cold"]["energy"]
     assert len(report["growing"]["background"]["times"]) == 12 and (tmp_path / "ddpad-bench.png").exists()
+
+
+@pytest.mark.long
+def test_bench_first_call_reports_first_calls_only(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--first-call``: the benchmarks page's first-call rows, without the growing trajectory."""
+    from ddpad import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "toy", "--first-call", "--backend", "aot_eager", "--out", "first.json"]) == 0
+    report = json.loads((tmp_path / "first.json").read_text())
+    assert set(report) == {"adapter", "device", "dtype", "warm_start"} and "foreground" not in capsys.readouterr().out
+    assert set(report["warm_start"]) == {"cold", "store", "warm", "aot build", "aot load"}
+    assert report["warm_start"]["aot load"]["graphs_compiled"] == 0
+
+
+
+def test_bench_first_call_children_get_a_dtype(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --dtype the children were handed None, which an adapter's
+    random_model need not take (nequip: "nequip models are float32 or
+    float64, got None"): they get the dtype ddpad run would use."""
+    from ddpad import _warmstart, cli
+
+    seen = []
+
+    def fake(adapter: str, **kwargs: object) -> dict:
+        seen.append(kwargs["dtype"])
+        row = {"first_call_s": 1.0, "graphs_compiled": 1, "graphs_loaded": 0, "steady_s": 0.1, "energy": [0.0]}
+        return {"cold": row}
+
+    monkeypatch.setattr(_warmstart, "warm_start", fake)
+    out = tmp_path / "first.json"
+    assert cli.main(["bench", "toy", "--first-call", "--out", str(out)]) == 0
+    assert cli.main(["bench", "toy", "--first-call", "--dtype", "float64", "--out", str(out)]) == 0
+    assert seen == [str(torch.get_default_dtype()).removeprefix("torch."), "float64"]
+    assert json.loads(out.read_text())["dtype"] == "float64"
 
 
 @pytest.mark.slow

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
+import pathlib
 
 import pytest
 import torch
@@ -108,14 +110,20 @@ def test_strict_mode_reasons_are_this_calls_only() -> None:
     assert "foreign_arg" not in str(err.value) and "positions" in str(err.value)
 
 
-def test_cli_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prints_the_table_and_writes_it(capsys: pytest.CaptureFixture[str], tmp_path: pathlib.Path) -> None:
     from ddpad.cli import main
 
-    assert main(["bench", "--overhead", "--quick", "--calls", "2"]) == 0
+    out = tmp_path / "overhead.json"
+    assert main(["bench", "--overhead", "--quick", "--calls", "2", "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("padder"))
-    rows = [line.split()[:2] for line in lines[head + 1:]]
+    rows = [line.split()[:2] for line in lines[head + 1:-1]]
     assert rows == [[p, f"{n:,}"] for p in PADDERS for n in QUICK_SIZES]
+    assert lines[-1] == f"wrote {out}"
+    # the JSON report holds the printed rows, for the benchmarks page
+    doc = json.loads(out.read_text())
+    assert [[r["padder"], f"{r['atoms']:,}"] for r in doc["rows"]] == rows
+    assert doc["calls"] == 2 and doc["sizes"] == list(QUICK_SIZES) and set(doc["rows"][0]) >= COLUMNS
 
 
 def test_a_neighbour_field_adds_one_kernel_to_a_dense_pad() -> None:

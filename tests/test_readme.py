@@ -1,4 +1,6 @@
-"""The README's Python blocks run as written (one script, in order).
+"""The README's Python blocks run as written (one script, in order), all
+but those marked ``<!-- not run: REASON -->`` on the line above the fence
+(``tests/_markdown.py``; the docs pages' blocks: ``tests/test_docs.py``).
 
 The one change: ``backend="inductor"`` becomes ``backend="aot_eager"``, so
 the test compiles in seconds rather than minutes on a CPU.
@@ -7,32 +9,30 @@ the test compiles in seconds rather than minutes on a CPU.
 from __future__ import annotations
 
 import pathlib
-import re
 import subprocess
 import sys
 
 import pytest
+from _markdown import python_blocks, script
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
-def python_blocks(text: str) -> list[str]:
-    """The bodies of the ```python fenced blocks of a Markdown text."""
-    return re.findall(r"^```python\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
-
-
 def test_blocks_are_found() -> None:
+    blocks = [b for b in python_blocks(README.read_text(encoding="utf-8")) if b.not_run is None]
+    assert len(blocks) >= 2 and "adapter.random_model()" in blocks[0].code
+
+
+def test_every_block_not_run_says_why() -> None:
     blocks = python_blocks(README.read_text(encoding="utf-8"))
-    assert len(blocks) >= 2 and "adapter.random_model()" in blocks[0]
+    assert not [b.line for b in blocks if b.not_run == ""], "README.md: a not-run marker without a reason"
 
 
 @pytest.mark.slow
 def test_readme_python_blocks_run(tmp_path: pathlib.Path) -> None:
     pytest.importorskip("mace")
     pytest.importorskip("ase")
-    blocks = python_blocks(README.read_text(encoding="utf-8"))
-    script = "\n".join(blocks).replace('backend="inductor"', 'backend="aot_eager"')
-    (tmp_path / "readme.py").write_text(script, encoding="utf-8")
+    (tmp_path / "readme.py").write_text(script(python_blocks(README.read_text(encoding="utf-8"))), encoding="utf-8")
     res = subprocess.run([sys.executable, "readme.py"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=1200, check=False)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -48,7 +48,7 @@ def test_builtin_missing_package_names_the_extra(name: str) -> None:
         adapters.get(name)
     except AdapterUnavailable as exc:
         message = str(exc)
-        assert (f"pip install 'ddpad[{name}]'" in message) or "not implemented" in message
+        assert (f"pip install torch==2.13.0 'ddpad[{name}]'" in message) or "not implemented" in message
     # installed (in that adapter's own environment): get() works and is cached
     else:
         assert adapters.get(name) is adapters.get(name)
@@ -105,7 +105,7 @@ def test_clashing_plugin_loses_to_builtin() -> None:
         except AdapterUnavailable as exc:  # the built-in (or its install hint), never the plugin
             assert "ddpad[mace]" in str(exc) or "not implemented" in str(exc)
         else:
-            assert got.install_hint == "pip install 'ddpad[mace]'"
+            assert got.install_hint == "pip install torch==2.13.0 'ddpad[mace]'"
 
 
 @needs_plugin
@@ -186,7 +186,7 @@ def test_model_package_that_fails_to_import_is_broken_not_installed(tmp_path: pa
     (row,) = [r for r in json.loads(res.stdout[res.stdout.index("["):]) if r["name"] == "mattersim"]
     assert row["status"] == "broken"
     assert "RuntimeError: operator fakevision::nms does not exist" in row["error"]
-    assert "fakevision 0.1" in row["error"] and "pip install 'ddpad[mattersim]'" in row["error"]
+    assert "fakevision 0.1" in row["error"] and "pip install torch==2.13.0 'ddpad[mattersim]'" in row["error"]
     code = (
         "import ddpad.adapters as a\n"
         "try:\n    a.get('mattersim')\n"
@@ -194,7 +194,7 @@ def test_model_package_that_fails_to_import_is_broken_not_installed(tmp_path: pa
     )
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.strip() == "broken pip install 'ddpad[mattersim]'"
+    assert out.stdout.strip() == "broken pip install torch==2.13.0 'ddpad[mattersim]'"
 
 
 def test_run_on_a_broken_model_package_is_one_error_line(tmp_path: pathlib.Path) -> None:
@@ -205,8 +205,30 @@ def test_run_on_a_broken_model_package_is_one_error_line(tmp_path: pathlib.Path)
     assert res.returncode == 2, res.stderr
     lines = [line for line in res.stderr.splitlines() if line.strip() and not line.startswith("ddpad: warning:")]
     assert len(lines) == 1 and lines[0].startswith("ddpad: error: ddpad adapter 'mattersim' is broken"), lines
-    assert "operator fakevision::nms does not exist" in lines[0] and "pip install 'ddpad[mattersim]'" in lines[0]
+    assert "operator fakevision::nms does not exist" in lines[0] and "pip install torch==2.13.0 'ddpad[mattersim]'" in lines[0]
     assert "Traceback" not in res.stderr + res.stdout
+
+
+def test_every_install_hint_names_the_torch_pin() -> None:
+    """The hints said ``pip install 'ddpad[X]'`` while the README installs
+    ``torch==2.13.0`` with every extra (a model package's own torch
+    requirement pulls another release): every hint ddpad prints names the
+    pin, built by the one function, and the README installs that pin."""
+    import re
+
+    from ddpad._version import TORCH_PIN, install_command
+    from ddpad.adapters import _registry
+    from ddpad.engines import lammps, nvalchemi
+
+    assert install_command("mace") == f"pip install {TORCH_PIN} 'ddpad[mace]'"
+    hints = [adapters.status(name)["install_hint"] for name in _registry._BUILTINS]
+    for hint in [*hints, nvalchemi.INSTALL_HINT, lammps.INSTALL_HINT]:
+        assert hint.startswith(f"pip install {TORCH_PIN} 'ddpad["), hint
+    root = pathlib.Path(__file__).resolve().parents[1]
+    for path in [*(root / "ddpad_core").rglob("*.py"), *(root / "adapters").rglob("*.py")]:
+        written = re.findall(r"pip install[^\n\"]*ddpad\[", path.read_text(encoding="utf-8"))
+        assert not [w for w in written if TORCH_PIN not in w and "{" not in w], (path, written)
+    assert TORCH_PIN in (root / "README.md").read_text(encoding="utf-8")
 
 
 def test_builtin_declarations_come_from_the_registry() -> None:
@@ -217,10 +239,10 @@ def test_builtin_declarations_come_from_the_registry() -> None:
     from ddpad.adapters._common import builtin_adapter
 
     for name, entry in _registry._BUILTINS.items():
-        assert entry.install_hint == f"pip install 'ddpad[{name}]'"
+        assert entry.install_hint == f"pip install torch==2.13.0 'ddpad[{name}]'"
         assert entry.requires and all(isinstance(r, str) for r in entry.requires)
     assert _registry._BUILTINS["mace"].requires[0] == "mace"
     assert _registry._BUILTINS["allegro"].requires[0] == "allegro"
     adapter = builtin_adapter("orb", make_padder=lambda m: ddpad.COOPadder(1.0), energy_key="energy",
                               cutoff=lambda m: 1.0, build_input=lambda m, atoms: atoms)
-    assert adapter.requires == ("orb_models",) and adapter.install_hint == "pip install 'ddpad[orb]'"
+    assert adapter.requires == ("orb_models",) and adapter.install_hint == "pip install torch==2.13.0 'ddpad[orb]'"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
+import re
 import warnings
 from typing import Any
 
@@ -173,7 +174,7 @@ def test_restore_runs_when_the_model_raises() -> None:
     assert not any(buf.requires_grad for buf in p._buffers.values())
 
 
-def test_shrink_after_long_low_fill_then_recompile_is_explained() -> None:
+def test_shrink_after_long_low_fill_then_recompile_is_explained(caplog: pytest.LogCaptureFixture) -> None:
     model = MPNN()
     big = trajectory(1, 4, seed=9, n0=60)[0]
     small = trajectory(12, 1, seed=10, n0=20)
@@ -182,9 +183,13 @@ def test_shrink_after_long_low_fill_then_recompile_is_explained() -> None:
                            shrink=ShrinkPolicy(below=0.5, after=5, when_it_pays=False))
     wrapped(big)
     caps_big = wrapped.caps
-    for data in small:
-        assert_same(wrapped(data), model({k: v.clone() for k, v in data.items()}))
+    with caplog.at_level(logging.INFO, logger="ddpad"):
+        for data in small:
+            assert_same(wrapped(data), model({k: v.clone() for k, v in data.items()}))
     assert wrapped.stats.shrinks and all(e.new < e.old for e in wrapped.stats.shrinks)
+    # the recompile at the shrunk caps says so, as a shrink (not "caps grew")
+    shrunk = ", ".join(f"{e.key} {e.old} -> {e.new}" for e in wrapped.stats.shrinks)
+    assert f"caps shrank ({shrunk}): compiling or loading the graph" in caplog.text, caplog.text
     assert wrapped.caps["atoms"] < caps_big["atoms"] and wrapped.caps["edges"] < caps_big["edges"]
     assert wrapped.stats.unexplained == []
     with pytest.raises(ValueError, match="below"):
@@ -303,19 +308,101 @@ def test_growth_past_dynamos_recompile_limit_still_compiles() -> None:
 def test_a_compile_announces_itself_through_the_ddpad_logger(caplog: pytest.LogCaptureFixture) -> None:
     """The Python API printed nothing while it compiled (19 minutes of
     silence on a loaded machine): the first call and each growth say, at
-    INFO on the ``ddpad`` logger, the caps they compile at and how long it
-    took; a steady call says nothing."""
+    INFO on the ``ddpad`` logger, the caps they compile at and what they
+    compiled or loaded, with the seconds; a steady call says nothing."""
     steps = trajectory(30, 1, seed=3)
     wrapped = padded_model(MPNN(), backend="aot_eager")
     with caplog.at_level(logging.INFO, logger="ddpad"):
         wrapped(steps[0])
     first = caplog.text
-    assert "compiling at caps {" in first and "(first call)" in first
-    assert "graph(s) at caps {" in first and " s\n" in first
+    assert "first call at caps {" in first and ": compiling or loading the graph" in first
+    assert re.search(r"first call at caps \{.*\}: compiled \d+ graphs? in [\d.]+ s.* \([\d.]+ s in all\)", first)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="ddpad"):
         wrapped(steps[0])
     assert "compil" not in caplog.text
+
+
+def test_a_fit_says_fitted_and_a_growth_grew(caplog: pytest.LogCaptureFixture) -> None:
+    """A tight fit that shrank every cap was announced as "caps grew": the
+    fitting call says "caps fitted", a later growth "caps grew", each with
+    its caps old -> new."""
+    steps = trajectory(30, 1, seed=3)
+    wrapped = padded_model(MPNN(), backend="aot_eager", cap_policy=ddpad.TightPolicy(settle=2), verify=False)
+    with caplog.at_level(logging.INFO, logger="ddpad"):
+        wrapped(steps[0])
+        wrapped(steps[0])  # the window's last call: fits the caps
+        fitted = wrapped.stats.fits
+        wrapped(trajectory(1, 2, seed=4, n0=80)[0])  # more atoms and systems than the fitted caps hold
+    text = caplog.text
+    assert fitted and f"caps fitted ({fitted[0].key} {fitted[0].old} -> {fitted[0].new}" in text, text
+    grown = wrapped.stats.growths
+    assert grown and f"caps grew ({grown[0].key} {grown[0].old} -> {grown[0].new}" in text, text
+    assert text.count("caps grew") == 1
+
+
+def test_caps_changes_are_named_by_what_they_did() -> None:
+    from ddpad._stats import caps_changed
+
+    before = {"atoms": 80, "systems": 4}
+    assert caps_changed(before, {"atoms": 65, "systems": 2}, True) == "fitted (atoms 80 -> 65, systems 4 -> 2)"
+    assert caps_changed(before, {"atoms": 65, "systems": 2}, False) == "shrank (atoms 80 -> 65, systems 4 -> 2)"
+    assert caps_changed(before, {"atoms": 96, "systems": 4}, False) == "grew (atoms 80 -> 96)"
+
+
+def test_a_long_compile_is_shown_on_stderr_where_no_logging_is_configured(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's snippet printed nothing for 7 minutes while it compiled
+    (the notice was an INFO record nothing showed): where the application
+    configured no logging, a call still compiling after ``NOTICE_AFTER``
+    seconds says so on stderr (the first time with how to silence it) and
+    says what it did when it ends; the silencing line silences it, and an
+    application's own logging set-up takes over."""
+    from ddpad import _noise
+
+    own = logging.getLogger("ddpad")
+    monkeypatch.setattr(own, "propagate", False)  # (pytest's own handlers on the root logger: not the app's)
+    monkeypatch.setattr(own, "handlers", list(own.handlers))
+    monkeypatch.setattr(_noise, "NOTICE_AFTER", 0.0)
+    monkeypatch.setattr(_noise._STDERR, "hinted", False)
+    steps = trajectory(3, 1, seed=3)
+    padded_model(MPNN(), backend="aot_eager")(steps[0])
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("ddpad: first call at caps {") and err[0].endswith(
+        f": compiling or loading the graph… ({_noise.SILENCE} silences these notices)"), err
+    assert re.match(r"ddpad: first call at caps \{.*\}: compiled \d+ graphs? in ", err[1]), err
+    assert len(err) == 2
+    monkeypatch.setattr(own, "level", logging.WARNING)  # the silencing line
+    padded_model(MPNN(), backend="aot_eager")(steps[0])
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(own, "level", logging.NOTSET)
+    monkeypatch.setattr(own, "handlers", [*own.handlers, logging.NullHandler()])  # the application's
+    padded_model(MPNN(), backend="aot_eager")(steps[0])
+    assert capsys.readouterr().err == ""
+
+
+def test_a_compiling_call_silences_torchs_pytree_deprecation() -> None:
+    """``FutureWarning: isinstance(treespec, LeafSpec) is deprecated`` came
+    out of a first call (torch copying a tree spec while it exports or
+    compiles): silenced inside a call that may compile, not on a steady one."""
+    import copy
+
+    from torch.utils import _pytree
+
+    _, spec = _pytree.tree_flatten({"a": 1})
+
+    def call(compiled: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
+        copy.deepcopy(spec)  # what torch's export does on the way to a package
+        return compiled(data, *args, **kwargs)
+
+    steps = trajectory(3, 1, seed=3)
+    wrapped = PaddedModel(MPNN(), padder(), call=call, backend="aot_eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        wrapped(steps[0])
+        assert not [w for w in caught if "LeafSpec" in str(w.message)]
+        wrapped(steps[0])  # a steady call: outside ddpad's scope, the user's filters rule
+    assert [w for w in caught if "LeafSpec" in str(w.message)]
 
 
 def test_known_third_party_noise_is_silenced_inside_ddpads_own_scopes(capsys: pytest.CaptureFixture[str]) -> None:

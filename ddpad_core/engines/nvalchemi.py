@@ -43,10 +43,11 @@ from .._compile import counting_backend
 from .._padders import COOPadder
 from .._protocol import GraphPadder
 from .._stats import Stats
+from .._version import install_command
 
 __all__ = ["AgreedPadder", "BatchPadder", "gloo_exchange", "spec_with_padder", "use_padder"]
 
-INSTALL_HINT = "pip install 'ddpad[nvalchemi]'  (nvalchemi-toolkit==0.2.0 with torch pinned)"
+INSTALL_HINT = f"{install_command('nvalchemi')}  (nvalchemi-toolkit==0.2.0)"
 
 # nvalchemi's Batch field names (nvalchemi.data.Batch, COO neighbour format)
 _POSITIONS = "positions"

@@ -1,0 +1,401 @@
+"""Measure ddpad with ``ddpad bench`` and render ``docs/pages/benchmarks.md``.
+
+``python benchmarks/page.py`` runs every measurement whose model package the
+interpreter has, writes each one's JSON report with what made it (command,
+machine, date, load) under ``benchmarks/results/``, then renders the page and
+its plots (``docs/pages/img/bench-*.png``) from every report there. A table on
+the page is re-measured by this script, never edited by hand.
+
+Options: ``--only PATTERN[,PATTERN]`` (names as listed by ``--list``, shell
+patterns: ``--only 'first-call-*'``); ``--python ADAPTER=PATH`` runs that
+adapter's measurements with another interpreter (model packages conflict, so
+each lives in its own environment: ``--python uma=venvs/uma/bin/python``);
+``--quick`` the shorter variants (fewer steps and variants: the page says
+which command ran); ``--render`` only renders the reports already there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fnmatch
+import functools
+import json
+import os
+import pathlib
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PAGE = ROOT / "docs" / "pages" / "benchmarks.md"
+IMAGES = ROOT / "docs" / "pages" / "img"
+ADAPTERS = ("mace", "aimnet2", "uma", "sevennet", "nequip", "allegro", "orb", "mattersim", "toy")
+
+# one thread: on a machine doing anything else, two OpenMP threads on two cores spin against the other load
+# and a step's time swings by 10x (one thread swings 2-4x)
+ONE_THREAD = (("OMP_NUM_THREADS", "1"),)
+# compiles timed cold: no Inductor cache carries one variant's kernels to the next (--first-call and
+# --compile-store give each fresh process its own cache folder themselves)
+COLD = (*ONE_THREAD, ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1"))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One ``ddpad bench`` run: its report is ``results/NAME.json``."""
+
+    name: str
+    adapter: str | None  # None: runs with a core install (torch only)
+    args: tuple[str, ...]  # after ``ddpad bench``
+    quick: tuple[str, ...] | None = None  # the shorter variant (``--quick``); None: the same
+    env: tuple[tuple[str, str], ...] = ONE_THREAD  # set for the run, and said on the page
+
+    def command(self, quick: bool) -> list[str]:
+        return ["ddpad", "bench", *(self.quick if quick and self.quick is not None else self.args)]
+
+    def shown(self, quick: bool) -> str:
+        """The command as a shell line, with the environment it runs in."""
+        return shlex.join([f"{k}={v}" for k, v in self.env] + self.command(quick))
+
+
+MEASUREMENTS = (
+    Measurement("overhead", None, ("--overhead", "--sizes", "20", "100", "1000", "10000"),
+                ("--overhead", "--sizes", "20", "100", "1000")),
+    Measurement("trajectory-mace", "mace", ("mace", "--steps", "40"),
+                ("mace", "--steps", "30", "--variants", "eager,compile-dynamic,ddpad,ddpad-tight"), COLD),
+    *(Measurement(f"steady-{a}", a, (a, "--steady"), env=COLD) for a in ("mace", "aimnet2", "uma")),
+    *(Measurement(f"first-call-{a}", a, (a, "--first-call")) for a in ADAPTERS),
+    Measurement("growing-toy", "toy", ("toy", "--compile-store", "--steps", "200", "--aot-ladder")),
+)
+
+
+# -- running -----------------------------------------------------------------------
+
+
+def _machine() -> dict[str, Any]:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "system": f"{platform.system()} {platform.release()}"}
+
+
+def _revision() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+
+    rev = git("rev-parse", "--short", "HEAD") or "unknown"
+    return rev + (" (with local changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+@functools.lru_cache(maxsize=None)
+def _listing(python: str) -> dict[str, dict[str, Any]] | str:
+    """``ddpad list`` under ``python`` (once per interpreter: it imports every
+    installed model package), by adapter; or why it failed."""
+    res = subprocess.run([python, "-m", "ddpad", "list", "--json"], capture_output=True, text=True, check=False)
+    try:
+        return {row["name"]: row for row in json.loads(res.stdout)}
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return f"ddpad list failed under {python}: {res.stderr.strip()[-300:]}"
+
+
+@functools.lru_cache(maxsize=None)
+def _versions(python: str) -> tuple[str, str]:
+    """torch's and Python's versions under ``python``."""
+    out = subprocess.run([python, "-c", "import torch, sys; print(torch.__version__, sys.version.split()[0])"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return out[0], out[1]
+
+
+def _installed(python: str, adapter: str | None) -> str | None:
+    """None when ``python`` can run ``adapter``'s measurements, else why not."""
+    if adapter is None:
+        return None
+    rows = _listing(python)
+    if isinstance(rows, str):
+        return rows
+    row = rows.get(adapter)
+    if row is None or row["status"] != "installed":
+        return f"{adapter} is not installed for {python} ({row['status'] if row else 'unknown adapter'})"
+    return None
+
+
+def run(measurement: Measurement, python: str, quick: bool) -> dict[str, Any] | None:
+    """Run one measurement in a fresh process; its report with what made it
+    (None when it failed: its output says why)."""
+    command = measurement.command(quick)
+    with tempfile.TemporaryDirectory(prefix="ddpad-page-") as tmp:
+        out, plot = os.path.join(tmp, "report.json"), os.path.join(tmp, "plot.png")
+        started, load = datetime.datetime.now(datetime.timezone.utc), os.getloadavg()
+        res = subprocess.run([python, "-m", "ddpad", *command[1:], "--out", out, "--plot", plot],
+                             cwd=tmp, text=True, check=False, env={**os.environ, **dict(measurement.env)})
+        if res.returncode != 0:
+            print(f"page.py: {measurement.shown(quick)} failed (exit status {res.returncode}); output above", flush=True)
+            return None
+        with open(out, encoding="utf-8") as fh:
+            report = json.load(fh)
+    versions = _versions(python)
+    return {
+        "command": measurement.shown(quick), "date": started.strftime("%Y-%m-%d %H:%M UTC"),
+        "minutes": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds() / 60, 1),
+        "load": [round(load[0], 1), round(os.getloadavg()[0], 1)], "machine": _machine(),
+        "torch": versions[0], "python": versions[1], "ddpad": _revision(), "report": report,
+    }
+
+
+# -- rendering ---------------------------------------------------------------------
+
+
+def _made_by(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    return (f"*`{doc['command']}`, {doc['date']} ({doc['minutes']} min), {m['cpu']}, {m['cores']} cores, "
+            f"load {doc['load'][0]} at the start and {doc['load'][1]} at the end; torch {doc['torch']}, "
+            f"ddpad {doc['ddpad']}.*")
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)])
+
+
+def _ms(seconds: float | None) -> str:
+    return f"{seconds * 1e3:.1f}" if seconds else "-"
+
+
+def _model(what: str) -> str:
+    """``ddpad bench``'s description of the model, without its warning about random weights."""
+    return what.split(" (no --model")[0].replace("RANDOMLY INITIALISED model", "random model")
+
+
+def _lowest_fill(fill: dict[str, float]) -> str:
+    from ddpad._stats import lowest_fill  # (imports torch: not needed by --list)
+
+    low = lowest_fill(fill)
+    return f"{low:.2f}" if low is not None else "-"
+
+
+def trajectory_section(doc: dict[str, Any]) -> str:
+    r = doc["report"]
+    rows = []
+    for name, v in r["variants"].items():
+        ratio = r["ddpad_speedup"].get(name, {}).get("total")
+        rows.append([name, f"{v['total_s']:.1f}", f"{v['compile_s']:.1f}", _ms(v["steady_median_s"]),
+                     str(v["graphs"]), str(v["growth_calls"]), _lowest_fill(v["fill"]),
+                     f"{ratio:.2f}x" if ratio else "-"])
+    return "\n\n".join([
+        f"`{r['adapter']}`, {_model(r['model'])}, {r['dtype']}, {min(r['atoms'])}-{max(r['atoms'])} atoms over "
+        f"{r['steps']} steps (an atom inserted or deleted with probability {r['rate']} per step, rattle "
+        f"{r['rattle']} A), backend {r['backend']}, {r['threads']} thread(s). Total wall time including "
+        "compiles; the median of the steps that compiled nothing; growths are calls that grew or fitted caps; "
+        "fill is the lowest key's real rows over its cap; \"ddpad faster by\" is the variant's total over "
+        "ddpad's (head room).",
+        _table(["variant", "total s", "compile s", "median step ms", "compiled graphs", "growths", "fill",
+                "ddpad faster by"], rows),
+        "![step time per step](img/bench-steps.png)", "![fill per step](img/bench-fill.png)", _made_by(doc)])
+
+
+def steady_section(docs: list[dict[str, Any]]) -> str:
+    rows = []
+    for doc in docs:
+        r = doc["report"]
+        v = r["variants"]
+        rows.append([f"{r['adapter']}, {r['atoms'][-1]} atoms", _lowest_fill(v["headroom"]["fill"]),
+                     f"{v['headroom']['vs_unpadded']:.3f}", _lowest_fill(v["tight"]["fill"]),
+                     f"**{v['tight']['vs_unpadded']:.3f}**", f"{v['tight']['vs_eager']:.3f}",
+                     f"{v['unpadded']['median_ms']:.2f}"])
+    return "\n\n".join([
+        "What the dead rows cost a steady step: after the same ten rattled frames each variant runs the last "
+        "frame, alternated call by call in one process, and the median counts. \"Unpadded\" is the model "
+        "compiled at exactly that frame's shape; head room is the padders' own caps, tight the caps "
+        "`cap_policy=\"tight\"` fitted to the ten frames; fill is the lowest key's real rows over its cap.",
+        _table(["model, system", "head room: fill", "head room / unpadded", "tight: fill", "tight / unpadded",
+                "tight / eager", "unpadded ms"], rows),
+        *(_made_by(doc) for doc in docs)])
+
+
+def overhead_section(doc: dict[str, Any]) -> str:
+    r = doc["report"]
+    rows = [[row["padder"], f"{row['atoms']:,}", f"{row['overhead_us']:.0f}", f"{row['pad_us']:.0f}",
+             f"{row['clone_us']:.0f}", f"{row['overhead_per_clone']:.1f}", str(row["device_ops"])]
+            for row in r["rows"]]
+    return "\n\n".join([
+        f"ddpad's own cost per call: a trivial model (40 edges per atom) through `PaddedModel(compile=False)`, "
+        f"{r['calls']} calls per median, {r['threads']} thread(s). Overhead is the wrapped call minus the bare "
+        "model's; pad is the padder alone; clone is `{k: v.clone()}` of the input (what moving the data once "
+        "costs); device ops are the kernels a steady call adds on a GPU.",
+        _table(["padder", "atoms", "overhead us", "pad us", "clone us", "overhead / clone", "device ops"], rows),
+        _made_by(doc)])
+
+
+FIRST_CALL_ROWS = ("cold", "store", "warm", "aot build", "aot load")
+
+
+def first_call_section(docs: list[dict[str, Any]]) -> str:
+    rows = []
+    for doc in docs:
+        w = doc["report"]["warm_start"]
+        cold = w["cold"]["first_call_s"]
+        cells = [f"{w[k]['first_call_s']:.2f} ({w[k]['first_call_s'] / cold:.3f})" if k in w else "-"
+                 for k in FIRST_CALL_ROWS]
+        steady = [_ms(w[k]["steady_s"]) if k in w else "-" for k in ("cold", "aot load")]
+        load = w.get("aot load", {})  # what the fresh process's first call ran
+        route = ("-" if "aot_loaded" not in load else "package" if load["aot_loaded"] else
+                 "torch.compile (package not taken)" if load["aot_refused"] else "torch.compile")
+        rows.append([doc["report"]["adapter"], *cells, *steady, route, doc["date"][:10]])
+    return "\n\n".join([
+        "The first call of each adapter's default model and system (random weights), each in a fresh process "
+        "with an empty Inductor cache unless said, seconds (and x cold): cold, an empty compile store; store, "
+        "the store the cold run filled in a fresh Inductor cache (another machine); warm, the store and the "
+        "Inductor cache the cold run left (a restart); aot build, `compile_mode=\"aot\"` building the package "
+        "in the process; aot load, a fresh process loading it (an adapter that cannot take the package route "
+        "falls back to `torch.compile` there). Steady steps are the median of the 20 calls after the first.",
+        _table(["adapter", "cold s", "store s", "warm s", "aot build s", "aot load s", "steady ms (cold)",
+                "steady ms (aot load)", "aot route", "date"], rows),
+        "![first calls](img/bench-first-call.png)", *(_made_by(doc) for doc in docs)])
+
+
+def growing_section(doc: dict[str, Any]) -> str:
+    from ddpad._warmstart import format_growing  # the table ddpad bench prints
+
+    r = doc["report"]
+    return "\n\n".join([
+        "A system that gains one atom every 5 steps, each way of growing in a fresh process with empty caches: "
+        "growths compiled in the foreground, in background workers, a warm ladder, and ladders precompiled "
+        "(`ddpad precompile --ladder 5`, and `--aot`) before the run.",
+        "```text\n" + format_growing(r["adapter"], r["growing"]) + "\n```", _made_by(doc)])
+
+
+def _plots(docs: dict[str, dict[str, Any]]) -> None:
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    if "trajectory-mace" in docs:
+        variants = docs["trajectory-mace"]["report"]["variants"]
+        fig = Figure(figsize=(9, 4.5))
+        ax = fig.add_subplot()
+        for name, v in variants.items():
+            steps = range(len(v["step_s"]))
+            (line,) = ax.plot(steps, v["step_s"], label=name, lw=1)
+            for key, marker, what in (("compile_steps", "o", "compiled"), ("growth_steps", "^", "grew"),
+                                      ("fit_steps", "s", "fitted")):
+                marked = v.get(key, [])
+                ax.plot(marked, [v["step_s"][i] for i in marked], marker, color=line.get_color(), ms=6,
+                        mfc="none", label=f"{name}: {what}" if marked else None)
+        ax.set_yscale("log")
+        ax.set_xlabel("MD step")
+        ax.set_ylabel("step wall time [s]")
+        ax.set_title("step time (circles: compiled, triangles: caps grew, squares: caps fitted)")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7)
+        fig.tight_layout()
+        fig.savefig(IMAGES / "bench-steps.png", dpi=110)
+        fig = Figure(figsize=(7, 3.5))
+        ax = fig.add_subplot()
+        for name, v in variants.items():
+            if any(f is not None for f in v["step_fill"]):
+                ax.plot(range(len(v["step_fill"])), v["step_fill"], label=name)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("MD step")
+        ax.set_ylabel("lowest fill (real / cap)")
+        ax.legend(loc="lower right")
+        fig.tight_layout()
+        fig.savefig(IMAGES / "bench-fill.png", dpi=110)
+    first = [d for name, d in sorted(docs.items()) if name.startswith("first-call-")]
+    if first:
+        fig = Figure(figsize=(9, 4))
+        ax = fig.add_subplot()
+        width = 0.8 / len(FIRST_CALL_ROWS)
+        for i, key in enumerate(FIRST_CALL_ROWS):
+            values = [d["report"]["warm_start"].get(key, {}).get("first_call_s", 0.0) for d in first]
+            ax.bar([j + i * width for j in range(len(first))], values, width, label=key)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(first))], [d["report"]["adapter"] for d in first])
+        ax.set_yscale("log")
+        ax.set_ylabel("first call [s]")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        fig.tight_layout()
+        fig.savefig(IMAGES / "bench-first-call.png", dpi=110)
+
+
+def render() -> str:
+    """The page, from every report under ``results/`` (plots written beside it)."""
+    docs = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(RESULTS.glob("*.json"))}
+    _plots(docs)
+    missing = [m.name for m in MEASUREMENTS if m.name not in docs]
+    parts = [
+        "# Benchmarks",
+        "<!-- made by `python benchmarks/page.py` from benchmarks/results/*.json: re-measure, do not edit -->",
+        "Every table here was made by `python benchmarks/page.py` (one command: it runs the `ddpad bench` "
+        "variants below, keeps each report under `benchmarks/results/`, and renders this page). Each table "
+        "says the command, machine, date and load it was measured with; timings swing with the load of the "
+        "machine, so compare the ratios within one table, which come from one run. Models have random weights.",
+    ]
+    if "trajectory-mace" in docs:
+        parts += ["## Over a trajectory whose atom count changes", trajectory_section(docs["trajectory-mace"])]
+    first = [d for name, d in sorted(docs.items()) if name.startswith("first-call-")]
+    if first:
+        parts += ["## First calls: cold, from the store, warm, and ahead-of-time packages", first_call_section(first)]
+    steady = [docs[n] for n in ("steady-mace", "steady-aimnet2", "steady-uma") if n in docs]
+    if steady:
+        parts += ["## What padding costs a steady step", steady_section(steady)]
+    if "growing-toy" in docs:
+        parts += ["## A growing system", growing_section(docs["growing-toy"])]
+    if "overhead" in docs:
+        parts += ["## ddpad's own cost per call", overhead_section(docs["overhead"])]
+    if missing:
+        parts += ["## Not measured yet",
+                  "Run `python benchmarks/page.py --only NAME` (with `--python ADAPTER=PATH` for an adapter "
+                  "installed in another environment) to add: " + ", ".join(f"`{n}`" for n in missing) + "."]
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", metavar="PATTERN[,PATTERN]", help="measurements to run (default: all)")
+    parser.add_argument("--python", action="append", default=[], metavar="ADAPTER=PATH",
+                        help="interpreter for an adapter's measurements (default: this one)")
+    parser.add_argument("--quick", action="store_true", help="the shorter variant of each measurement")
+    parser.add_argument("--render", action="store_true", help="only render the page from the reports there")
+    parser.add_argument("--list", action="store_true", help="list the measurements and their commands")
+    args = parser.parse_args(argv)
+    if args.list:
+        for m in MEASUREMENTS:
+            print(f"{m.name:<22} {m.shown(args.quick)}")
+        return 0
+    pythons = {}
+    for item in args.python:
+        adapter, sep, path = item.partition("=")
+        if not sep or adapter not in ADAPTERS:
+            parser.error(f"--python {item!r}: expected ADAPTER=PATH with ADAPTER one of {', '.join(ADAPTERS)}")
+        pythons[adapter] = path
+    chosen = [m for m in MEASUREMENTS
+              if not args.only or any(fnmatch.fnmatch(m.name, p) for p in args.only.split(","))]
+    if args.only and not chosen:
+        parser.error(f"--only {args.only!r} matches none of {', '.join(m.name for m in MEASUREMENTS)}")
+    failed: list[str] = []
+    if not args.render:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        for m in chosen:
+            python = pythons.get(m.adapter or "", sys.executable)
+            why = _installed(python, m.adapter)
+            if why:
+                print(f"page.py: skipping {m.name}: {why}", flush=True)
+                continue
+            print(f"page.py: {m.name}: {m.shown(args.quick)}", flush=True)
+            doc = run(m, python, args.quick)
+            if doc is None:
+                failed.append(m.name)
+                continue
+            (RESULTS / f"{m.name}.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    PAGE.write_text(render(), encoding="utf-8")
+    print(f"page.py: wrote {PAGE.relative_to(ROOT)}" + (f"; failed (not on it): {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
