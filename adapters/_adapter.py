@@ -39,6 +39,12 @@ class Adapter:
     build_input
         ``(model, atoms, **options) -> native input`` from ``ase.Atoms`` (or a
         list of them).
+    tensor_input
+        Optional ``model -> (Structures -> native input)``: the native input
+        built from tensors on their device (:class:`ddpad.Structures`), for
+        engines that hold tensors (torch-sim). Made once per model (state
+        per composition lives in the returned function). Without it, such
+        engines convert to ``ase.Atoms`` and use ``build_input``.
     install_hint
         The pip command that installs the model package. A built-in
         adapter's comes from its registry entry (``ddpad.adapters._registry``),
@@ -132,6 +138,7 @@ class Adapter:
     cutoff: Callable[[torch.nn.Module], float]
     build_input: Callable[..., Any]
     install_hint: str
+    tensor_input: Callable[[torch.nn.Module], Callable[[Any], Any]] | None = None
     atom_outputs: tuple[str, ...] = ()
     system_outputs: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()

@@ -47,16 +47,19 @@ COLD = (*ONE_THREAD, ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1"))
 
 @dataclass(frozen=True)
 class Measurement:
-    """One ``ddpad bench`` run: its report is ``results/NAME.json``."""
+    """One ``ddpad bench`` run (or one script's, ``script``): its report is ``results/NAME.json``."""
 
     name: str
     adapter: str | None  # None: runs with a core install (torch only)
-    args: tuple[str, ...]  # after ``ddpad bench``
+    args: tuple[str, ...]  # after ``ddpad bench`` (or the script)
     quick: tuple[str, ...] | None = None  # the shorter variant (``--quick``); None: the same
     env: tuple[tuple[str, str], ...] = ONE_THREAD  # set for the run, and said on the page
+    script: str | None = None  # a script under benchmarks/ that writes its report with ``--json FILE``
+    modules: tuple[str, ...] = ()  # packages it needs besides the adapter's (checked before it runs)
 
     def command(self, quick: bool) -> list[str]:
-        return ["ddpad", "bench", *(self.quick if quick and self.quick is not None else self.args)]
+        args = self.quick if quick and self.quick is not None else self.args
+        return ["python", f"benchmarks/{self.script}", *args] if self.script else ["ddpad", "bench", *args]
 
     def shown(self, quick: bool) -> str:
         """The command as a shell line, with the environment it runs in."""
@@ -71,6 +74,10 @@ MEASUREMENTS = (
     *(Measurement(f"steady-{a}", a, (a, "--steady"), env=COLD) for a in ("mace", "aimnet2", "uma")),
     *(Measurement(f"first-call-{a}", a, (a, "--first-call")) for a in ADAPTERS),
     Measurement("growing-toy", "toy", ("toy", "--compile-store", "--steps", "200", "--aot-ladder")),
+    *(Measurement(f"{engine}-{kind}", "mace", (engine, kind), (engine, kind, "--blocks", "4"),
+                  script="engine_step.py", modules=modules)
+      for engine, kind, modules in (("torchsim", "one", ("torch_sim",)), ("torchsim", "batch", ("torch_sim",)),
+                                    ("ase", "one", ()))),
 )
 
 
@@ -114,8 +121,13 @@ def _versions(python: str) -> tuple[str, str]:
     return out[0], out[1]
 
 
-def _installed(python: str, adapter: str | None) -> str | None:
-    """None when ``python`` can run ``adapter``'s measurements, else why not."""
+def _installed(python: str, adapter: str | None, modules: tuple[str, ...] = ()) -> str | None:
+    """None when ``python`` can run ``adapter``'s measurements (and import
+    ``modules``), else why not."""
+    for module in modules:
+        res = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            return f"{module} is not installed for {python}"
     if adapter is None:
         return None
     rows = _listing(python)
@@ -134,8 +146,9 @@ def run(measurement: Measurement, python: str, quick: bool) -> dict[str, Any] | 
     with tempfile.TemporaryDirectory(prefix="ddpad-page-") as tmp:
         out, plot = os.path.join(tmp, "report.json"), os.path.join(tmp, "plot.png")
         started, load = datetime.datetime.now(datetime.timezone.utc), os.getloadavg()
-        res = subprocess.run([python, "-m", "ddpad", *command[1:], "--out", out, "--plot", plot],
-                             cwd=tmp, text=True, check=False, env={**os.environ, **dict(measurement.env)})
+        argv = ([python, str(ROOT / command[1]), *command[2:], "--json", out] if measurement.script
+                else [python, "-m", "ddpad", *command[1:], "--out", out, "--plot", plot])
+        res = subprocess.run(argv, cwd=tmp, text=True, check=False, env={**os.environ, **dict(measurement.env)})
         if res.returncode != 0:
             print(f"page.py: {measurement.shown(quick)} failed (exit status {res.returncode}); output above", flush=True)
             return None
@@ -272,6 +285,31 @@ def growing_section(doc: dict[str, Any]) -> str:
         "```text\n" + format_growing(r["adapter"], r["growing"]) + "\n```", _made_by(doc)])
 
 
+ENGINE_NAMES = {"torchsim": "torch-sim (`nvt_langevin`)", "ase": "ASE (`Langevin`)"}
+ENGINE_RUNS = ("torchsim-one", "torchsim-batch", "ase-one")
+
+
+def engines_section(docs: list[dict[str, Any]]) -> str:
+    rows = []
+    for doc in docs:
+        r = doc["report"]
+        for name, v in r["variants"].items():
+            ratio = "1" if name == r["baseline"] else f"**{v['ratio_median']:.2f}**" if name == "ddpad" else \
+                f"{v['ratio_median']:.2f}"
+            spread = "-" if name == r["baseline"] else f"{v['ratio_min']:.2f}-{v['ratio_max']:.2f}"
+            rows.append([ENGINE_NAMES[r["engine"]], f"{r['atoms']} atoms, {r['systems']} system(s)", name,
+                         f"{v['ms']:.1f}", ratio, spread])
+    return "\n\n".join([
+        "ddpad's MD step inside an engine against the engine's own MACE model (same random float64 MACE model, "
+        "same start, one process; `python benchmarks/engine_step.py ENGINE SYSTEM`): ddpad with `backend="
+        "\"inductor\"` and the compile store (its caps the tight fit), building the input from the engine's "
+        "tensors; \"ASE pipeline\" is ddpad's calculator with `tensor_input=False` (mace's data pipeline). After a "
+        "warm-up the variants step in alternating blocks of 10 steps; the ratio is a variant's step over the "
+        "engine's own model's, per block (median, and the range over blocks).",
+        _table(["engine", "system", "model", "ms / step", "x engine's own", "range over blocks"], rows),
+        *(_made_by(doc) for doc in docs)])
+
+
 def _plots(docs: dict[str, dict[str, Any]]) -> None:
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
 
@@ -343,6 +381,9 @@ def render() -> str:
     steady = [docs[n] for n in ("steady-mace", "steady-aimnet2", "steady-uma") if n in docs]
     if steady:
         parts += ["## What padding costs a steady step", steady_section(steady)]
+    engines = [docs[n] for n in ENGINE_RUNS if n in docs]
+    if engines:
+        parts += ["## Inside the engines", engines_section(engines)]
     if "growing-toy" in docs:
         parts += ["## A growing system", growing_section(docs["growing-toy"])]
     if "overhead" in docs:
@@ -382,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         RESULTS.mkdir(parents=True, exist_ok=True)
         for m in chosen:
             python = pythons.get(m.adapter or "", sys.executable)
-            why = _installed(python, m.adapter)
+            why = _installed(python, m.adapter, m.modules)
             if why:
                 print(f"page.py: skipping {m.name}: {why}", flush=True)
                 continue

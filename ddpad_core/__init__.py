@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and readers
     from ._stats import CapEvent, Stats
     from ._store import CompileStore, default_store_dir, model_fingerprint
     from ._strict import RecompileError
+    from ._structures import Composition, Structures, neighbor_list
     from ._wrap import resolve_adapter, wrap
 
 # public name -> the module that defines it
@@ -64,6 +65,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(('CapEvent', 'Stats'), "._stats"),
     **dict.fromkeys(('CompileStore', 'default_store_dir', 'model_fingerprint'), "._store"),
     "RecompileError": "._strict",
+    **dict.fromkeys(('Composition', 'Structures', 'neighbor_list'), "._structures"),
     **dict.fromkeys(('resolve_adapter', 'wrap'), "._wrap"),
 }
 
@@ -77,6 +79,7 @@ __all__ = [
     "CapResolution",
     "CapacityError",
     "CompileStore",
+    "Composition",
     "DenseBatchPadder",
     "DensePadder",
     "DistributedContext",
@@ -91,6 +94,7 @@ __all__ = [
     "RecompileError",
     "ShrinkPolicy",
     "Stats",
+    "Structures",
     "TightPolicy",
     "UnpaddedCompiled",
     "activate_dd_context",
@@ -105,6 +109,7 @@ __all__ = [
     "derive_ceilings",
     "load_caps",
     "model_fingerprint",
+    "neighbor_list",
     "record_resolutions",
     "resolve_adapter",
     "resolve_cap",

@@ -12,6 +12,7 @@ from ._compile import compile_model, run_step
 from ._options import WrapOptions
 from ._padded import PaddedModel
 from ._stats import Stats
+from ._structures import Structures
 from ._wrap import resolve_adapter, wrap
 
 if TYPE_CHECKING:
@@ -50,13 +51,18 @@ class Evaluator:
     """``atoms -> flat properties`` for engine integrations (ASE, torch-sim):
     builds the adapter's native input and runs the padded model (``pad=True``),
     the unpadded compiled model (``pad=False, compile=True``) or the plain
-    eager model (``pad=False, compile=False``, the reference)."""
+    eager model (``pad=False, compile=False``, the reference).
+
+    The input is ``ase.Atoms`` (or a list of them), built by the adapter's
+    ``build_input``, or a :class:`~ddpad.Structures`, built on its device by
+    the adapter's ``tensor_input`` (:attr:`takes_tensors`)."""
 
     def __init__(self, model: torch.nn.Module, adapter: Adapter | str, *, pad: bool = True,
                  compile: bool = True, **wrap_kwargs: Any) -> None:
         self.adapter = resolve_adapter(adapter)
         self.model = model
         self.build = self.adapter.input_builder(model)
+        self.build_tensors = self.adapter.tensor_input(model) if self.adapter.tensor_input is not None else None
         self.wrapped: PaddedModel | None = wrap(model, self.adapter, compile=compile, **wrap_kwargs) if pad else None
         compile_kwargs = WrapOptions.split(wrap_kwargs)[1]
         self.unpadded = UnpaddedCompiled(model, self.adapter, **compile_kwargs) if compile and not pad else None
@@ -67,8 +73,19 @@ class Evaluator:
         runner = self.wrapped if self.wrapped is not None else self.unpadded
         return None if runner is None else runner.stats
 
+    @property
+    def takes_tensors(self) -> bool:
+        """Whether a :class:`~ddpad.Structures` is built on its device
+        (else the caller converts it to ``ase.Atoms``)."""
+        return self.build_tensors is not None
+
     def __call__(self, atoms: Any, *, stress: bool = False, **kwargs: Any) -> dict[str, Any]:
-        data = self.build(atoms)
+        if isinstance(atoms, Structures):
+            if self.build_tensors is None:
+                raise TypeError(f"ddpad: adapter {self.adapter.name!r} has no tensor_input; pass ase.Atoms")
+            data = self.build_tensors(atoms)
+        else:
+            data = self.build(atoms)
         options = {**self.adapter.call_options(stress), **kwargs}
         if self.wrapped is not None:
             out = self.wrapped(data, **options)

@@ -9,6 +9,7 @@ Requires ``ase`` (installed with any model extra)::
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without ase
 
 from ._evaluator import Evaluator
 from ._padded import PaddedModel
+from ._structures import Structures
 
 __all__ = ["Calculator"]
 
@@ -50,6 +52,12 @@ class Calculator(_AseCalculator):
         plain eager model, the reference).
     call_kwargs
         Options passed on every model call.
+    tensor_input
+        Build the model's input from the atoms' arrays as tensors on the
+        model's device (the adapter's ``tensor_input``, MACE so far; the
+        numbers tensor is reused while the atoms stay the same), not through
+        the adapter's ASE pipeline (``False``: the pipeline, the reference;
+        adapters without ``tensor_input`` always use it).
     **wrap_kwargs
         Passed to :func:`ddpad.wrap` (``backend``, ``caps``, ``on_recompile`` ...).
 
@@ -69,18 +77,35 @@ class Calculator(_AseCalculator):
         compile: bool = True,
         pad: bool = True,
         call_kwargs: dict[str, Any] | None = None,
+        tensor_input: bool = True,
         **wrap_kwargs: Any,
     ) -> None:
         super().__init__()
         self.evaluate = Evaluator(model, adapter, pad=pad, compile=compile, **wrap_kwargs)
         self.wrapped: PaddedModel | None = self.evaluate.wrapped
         self.call_kwargs = dict(call_kwargs or {})
+        self.tensor_input = tensor_input and self.evaluate.takes_tensors
+        self._device = next(model.parameters()).device
+        self._composition: tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor] | None = None
+
+    def structures(self, atoms: Any) -> Structures:
+        """``atoms`` as :class:`~ddpad.Structures` on the model's device; the
+        numbers and pbc tensors are the last call's while they are equal, so
+        the composition is checked once, not every step."""
+        c = self._composition
+        if c is None or not (np.array_equal(c[0], atoms.numbers) and np.array_equal(c[1], atoms.pbc)):
+            c = self._composition = (atoms.numbers.copy(), atoms.pbc.copy(),
+                                     torch.as_tensor(atoms.numbers, dtype=torch.long, device=self._device),
+                                     torch.as_tensor(atoms.pbc, dtype=torch.bool, device=self._device))
+        as_tensor = functools.partial(torch.as_tensor, dtype=torch.float64, device=self._device)
+        return Structures(as_tensor(atoms.positions), c[2], as_tensor(atoms.cell.array), c[3])
 
     def calculate(self, atoms: Any = None, properties: Any = None, system_changes: Any = all_changes) -> None:
         super().calculate(atoms, properties, system_changes)
         wants_stress = bool(self.atoms.pbc.all()) and "stress" in (properties or [])
         adapter = self.evaluate.adapter
-        out = self.evaluate(self.atoms, stress=wants_stress, **self.call_kwargs)
+        atoms = self.structures(self.atoms) if self.tensor_input else self.atoms
+        out = self.evaluate(atoms, stress=wants_stress, **self.call_kwargs)
         energy = float(out[adapter.flat_energy_key].detach().sum())
         self.results = {"energy": energy, "free_energy": energy}
         if isinstance(out.get("forces"), torch.Tensor):

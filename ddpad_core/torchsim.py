@@ -33,6 +33,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch-si
 
 from ._evaluator import Evaluator
 from ._padded import PaddedModel
+from ._store import default_store_dir
+from ._structures import Structures
 
 __all__ = ["Model"]
 
@@ -55,13 +57,18 @@ class Model(ModelInterface):
         Compile the model.
     **wrap_kwargs
         Passed to :func:`ddpad.wrap` (``backend``, ``caps``, ``on_recompile`` ...).
+        ``compile_cache`` defaults to ddpad's compile store
+        (:func:`ddpad.default_store_dir`), so a padded, compiled model gets
+        tight caps and its graphs are found again by the next process; pass
+        ``compile_cache=None`` for neither.
 
     Notes
     -----
-    Each step converts the state to ``ase.Atoms`` and builds the model's
-    native input with the adapter's own pipeline (for MACE: mace's data
-    pipeline and neighbour list, on the CPU). ``self.wrapped.stats`` has the
-    compiled graphs, growths and fill.
+    Where the adapter has a ``tensor_input`` (MACE), each step builds the
+    model's input from the state's tensors on their device (neighbour list
+    by vesin-torch); no ``ase.Atoms``. Otherwise each step converts the state
+    to ``ase.Atoms`` and builds the input with the adapter's own pipeline, on
+    the CPU. ``self.wrapped.stats`` has the compiled graphs, growths and fill.
     """
 
     def __init__(
@@ -76,6 +83,8 @@ class Model(ModelInterface):
         **wrap_kwargs: Any,
     ) -> None:
         super().__init__()
+        if pad and compile:
+            wrap_kwargs.setdefault("compile_cache", default_store_dir())
         self.evaluate = Evaluator(model, adapter, pad=pad, compile=compile, **wrap_kwargs)
         self.wrapped: PaddedModel | None = self.evaluate.wrapped
         param = next(model.parameters())
@@ -87,7 +96,12 @@ class Model(ModelInterface):
     def forward(self, state: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
         if isinstance(state, dict):
             state = ts.SimState(**state, masses=torch.ones_like(state["positions"]))
-        out = self.evaluate(ts.io.state_to_atoms(state), stress=self._compute_stress, **kwargs)
+        if self.evaluate.takes_tensors:
+            structures: Any = Structures(state.positions, state.atomic_numbers, state.row_vector_cell, state.pbc,
+                                         state.system_idx)
+        else:
+            structures = ts.io.state_to_atoms(state)
+        out = self.evaluate(structures, stress=self._compute_stress, **kwargs)
         results = {"energy": out[self.evaluate.adapter.flat_energy_key].detach().to(self._dtype)}
         if self._compute_forces:
             results["forces"] = out["forces"].detach().to(self._dtype)

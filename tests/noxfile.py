@@ -160,7 +160,7 @@ def mace(session: nox.Session) -> None:
     _installed(session, "mace,torchsim")
     session.install("--no-compile", "-c", CONSTRAINTS, "./tests/plugin_pkg")
     _pytest(session, "tests/test_mace.py", *INSTALLED_REGISTRY, "tests/test_readme.py", "tests/test_docs.py",
-            "tests/test_torchsim.py",
+            "tests/test_torchsim.py", "tests/test_tensor_input.py",
             "tests/test_cli.py::test_elements_the_model_does_not_know_are_one_line",
             "tests/test_cli.py::test_random_model_is_built_for_the_systems_elements")
 

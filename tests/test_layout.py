@@ -14,7 +14,7 @@ CORE = pathlib.Path(__file__).resolve().parents[1] / "ddpad_core"
 # bottom to top: a module may import only modules before it
 ORDER = [
     "_version", "_noise", "_fs", "_protocol", "_agreement", "_capacity", "_context",
-    "_padders",
+    "_padders", "_structures",
     "_ladder", "_stats", "_caps_file", "_memory", "_shrink", "_weights", "_store", "_strict", "_compile", "_verify",
     "_aot",
     "_warm", "_background", "_options", "_padded", "_wrap", "_evaluator", "_worker", "_prebuild",

@@ -207,6 +207,20 @@ def test_a_worker_rebuilds_the_model_under_the_runs_store_key(tmp_path: pathlib.
     torch.testing.assert_close(out["energy"], ref["energy"], rtol=0, atol=0)
 
 
+def test_random_model_in_a_fresh_process() -> None:
+    """``random_model`` imports mace before e3nn: e3nn 0.4's ``torch.load`` of
+    its constants fails on torch >= 2.6 unless mace came first (before: a
+    process whose first mace use was ``random_model`` stopped there)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import torch; from ddpad.adapters.mace import random_model; print(random_model().r_max)"
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}  # mace set it here
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
 def test_precompile_aot_then_a_fresh_run_loads_and_checks_the_package(tmp_path: pathlib.Path) -> None:
     """A real AOTInductor build of MACE in the default run: ``ddpad precompile
     mace --aot`` builds the fitted caps' package in a worker (before: every

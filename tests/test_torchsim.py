@@ -75,3 +75,23 @@ def test_nvt_langevin_batch_changes_mid_run() -> None:
     for key in ("energy", "forces"):
         torch.testing.assert_close(results[True][2][key], results[False][2][key], rtol=0, atol=1e-10)
     assert np.isfinite(results[True][2]["energy"].numpy()).all()
+
+
+def test_same_numbers_as_torch_sims_own_mace_model_without_ase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The state's tensors go straight to the model (``ts.io.state_to_atoms``
+    is never called) and give torch-sim's own ``MaceModel``'s numbers."""
+    from torch_sim.models.mace import MaceModel
+
+    model = random_model(torch.float64, r_max=3.0)
+    state = ts.io.atoms_to_state(structures(SHAPES[:4], seed=3), device=torch.device("cpu"), dtype=torch.float64)
+    reference = MaceModel(model, device=torch.device("cpu"), dtype=torch.float64, compute_stress=True)(state)
+
+    def no_atoms(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("ddpad.torchsim.Model converted the state to ase.Atoms")
+
+    monkeypatch.setattr(ts.io, "state_to_atoms", no_atoms)
+    ts_model = Model(model, "mace", compute_stress=True, backend="aot_eager", on_recompile="raise")
+    out = ts_model(state)
+    for key in ("energy", "forces", "stress"):
+        torch.testing.assert_close(out[key], reference[key], rtol=0, atol=1e-10, msg=key)
+    assert ts_model.wrapped.stats.calls == 1

@@ -29,11 +29,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from ddpad import COOPadder, Fill
+from ddpad import Composition, COOPadder, Fill, Structures, neighbor_list
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon
 from torch import Tensor
 
-__all__ = ["ADAPTER", "build_input", "default_system", "load_model", "make_padder", "prepare_model", "random_model"]
+__all__ = [
+    "ADAPTER", "build_input", "default_system", "load_model", "make_padder", "prepare_model", "random_model",
+    "tensor_input",
+]
 
 ATOM_FIELDS = {"node_attrs": 0.0, "forces": 0.0, "charges": 0.0, "density_coefficients": 0.0}
 EDGE_FIELDS = {"shifts": Fill.DEAD_SHIFT, "unit_shifts": Fill.DEAD_UNIT_SHIFT}
@@ -160,6 +163,50 @@ def build_input(
     return batch.to_dict()
 
 
+def tensor_input(model: torch.nn.Module, *, head: str | None = None) -> Any:
+    """``Structures -> mace's batch dict`` on the structures' device: the
+    fields mace's model reads (``positions``, ``node_attrs``, ``edge_index``,
+    ``shifts``, ``unit_shifts``, ``cell``, ``batch``, ``ptr``, ``head``,
+    ``pbc``), the neighbour list from vesin-torch. The same numbers as
+    :func:`build_input` (edges in another order); per composition the one-hot
+    species, ``ptr`` and the checks, per step only the neighbour list."""
+    zs = [int(z) for z in model.atomic_numbers]
+    heads = list(getattr(model, "heads", None) or ["Default"])
+    head_index = heads.index(head) if head is not None else 0
+    cutoff = _cutoff(model)
+    dtype = next(model.parameters()).dtype
+    state: dict[str, Any] = {}
+
+    def build(structures: Structures) -> dict[str, Tensor]:
+        composition = Composition.of(structures, state.get("composition"), frozenset(zs))
+        if composition is not state.get("composition"):
+            device = structures.positions.device
+            table = torch.full((max(zs) + 1,), -1, dtype=torch.long, device=device)
+            table[torch.tensor(zs, device=device)] = torch.arange(len(zs), device=device)
+            state.update(
+                composition=composition,
+                node_attrs=torch.nn.functional.one_hot(table[structures.numbers.long()], len(zs)).to(dtype),
+                head=torch.full((composition.n_systems,), head_index, dtype=torch.long, device=device),
+                pbc=torch.tensor(composition.pbc, dtype=torch.bool, device=device),
+            )
+        edge_index, unit_shifts, shifts = neighbor_list(structures, composition, cutoff)
+        positions = structures.positions.to(dtype)
+        cell = structures.cells.to(dtype)
+        if not all(all(p) for p in composition.pbc):  # as mace's get_neighborhood: a box around the atoms
+            extent = torch.zeros(composition.n_systems, dtype=dtype, device=positions.device).scatter_reduce(
+                0, composition.system, positions.detach().abs().amax(dim=1), "amax")
+            box = torch.eye(3, dtype=dtype, device=positions.device) * ((extent + 1) * 5 * cutoff)[:, None, None]
+            cell = torch.where(state["pbc"][:, :, None], cell, box)
+        return {
+            "positions": positions, "node_attrs": state["node_attrs"],
+            "edge_index": edge_index, "shifts": shifts.to(dtype), "unit_shifts": unit_shifts.to(dtype),
+            "cell": cell.reshape(-1, 3), "batch": composition.system,
+            "ptr": composition.ptr, "head": state["head"], "pbc": state["pbc"],
+        }
+
+    return build
+
+
 def native_padding(model: torch.nn.Module) -> Any:
     """mace-torch's own padding, as ``MACECalculator(compile_mode=...)`` does it
     (``mace/data/padding_tools.py``): pad targets set from the first structure
@@ -211,10 +258,11 @@ def random_model(
     """A small randomly initialised ``ScaleShiftMACE`` (2 interactions, non-zero
     per-atom shift and E0s), built from mace's own classes."""
     import numpy as np
-    from e3nn import o3
-    from mace import modules  # first: mace makes e3nn 0.4's torch.load work on torch >= 2.6
+    from mace import modules  # before e3nn: mace makes e3nn 0.4's torch.load work on torch >= 2.6
 
     torch.manual_seed(seed)
+    from e3nn import o3  # (not in the import block above: isort would move it before mace)
+
     block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
     model = modules.ScaleShiftMACE(
         r_max=r_max, num_bessel=8, num_polynomial_cutoff=6, max_ell=2, interaction_cls=block,
@@ -244,6 +292,7 @@ ADAPTER = builtin_adapter(
     energy_key="energy",
     cutoff=_cutoff,
     build_input=build_input,
+    tensor_input=tensor_input,
     prepare_model=prepare_model,
     call=_step,
     dynamo_config={"trace_autograd_ops": True},

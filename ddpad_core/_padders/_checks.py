@@ -14,7 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["check_labels", "check_not_negative", "labels_error", "negative_error", "shape_error"]
+__all__ = [
+    "check_labels", "check_not_negative", "edges_masked", "labels_error", "negative_error", "shape_error",
+]
 
 # devices whose values the host reads without a synchronisation (a steady
 # call asks a tensor's is_cpu: the same set, without building a device)
@@ -44,6 +46,21 @@ def check_not_negative(name: str, index: Tensor, n: int) -> None:
         lo = int(torch.aminmax(index)[0])
         if lo < 0:
             raise negative_error(name, lo, n)
+
+
+def edges_masked(name: str, edge_index: Tensor, n: int) -> bool:
+    """Whether ``edge_index`` may hold sentinels (entries ``>= n``), raising on a
+    negative entry. Read on a host device only, where it is free (no device to
+    wait for), in one whole-tensor pass (aminmax; torch's CPU max and amin of
+    int64 are not vectorised); on a device: assumed, and masked on the device."""
+    if not edge_index.numel():
+        return False
+    if not edge_index.is_cpu:
+        return True
+    lo, hi = torch.aminmax(edge_index)
+    if int(lo) < 0:
+        raise negative_error(name, int(lo), n)
+    return int(hi) >= n
 
 
 def check_labels(name: str, labels: Tensor, n_systems: int, source: str) -> None:

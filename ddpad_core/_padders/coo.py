@@ -18,7 +18,7 @@ from torch import Tensor
 from .._capacity import CapPolicy
 from ._base import PadderBase, _require
 from ._buffers import _NO_GRAD, _REQUIRES_GRAD, _Plan, _Rows
-from ._checks import check_labels, negative_error, shape_error
+from ._checks import check_labels, edges_masked, shape_error
 from ._dead import Fill, FillSpec, Placement, coo_dead_rows
 from ._policies import ATOMS_POLICY, EDGES_POLICY, SYSTEMS_POLICY
 
@@ -255,16 +255,7 @@ class COOPadder(PadderBase):
         stale = plan.check()
         views = plan.views(dims)
         grad = {i for i in plan.floats if srcs[i].requires_grad} if any(map(_REQUIRES_GRAD, srcs)) else _NO_GRAD
-        ei = srcs[1]
-        # sentinels, and negative indices (an error): read on the host only
-        # where that is free (no device to wait for), in one whole-tensor pass
-        # (aminmax; torch's CPU max and amin of int64 are not vectorised)
-        masked = e > 0
-        if masked and ei.is_cpu:
-            lo, hi = torch.aminmax(ei)
-            if int(lo) < 0:
-                raise negative_error(self.edge_index, int(lo), n)
-            masked = int(hi) >= n
+        masked = e > 0 and edges_masked(self.edge_index, srcs[1], n)
         if plan.labels is not None:
             i, source = plan.labels
             check_labels(plan.names[i], srcs[i], dims[2], source)

@@ -1,0 +1,217 @@
+"""Structures as tensors: the input every engine has (positions, atomic
+numbers, cells, periodicity, the system of each atom), checked once per
+composition, and a neighbour list computed on the tensors' device.
+
+An adapter's ``tensor_input`` turns a :class:`Structures` into the model's
+native input without leaving the device: no ``ase.Atoms``, no CPU pipeline.
+What depends only on the composition (which atoms, of which species, in which
+system) is worked out when the composition changes and reused while it stays
+(:class:`Composition`); a step with the same atoms reads nothing from the device
+but what the neighbour list itself needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._version import install_command
+
+__all__ = ["Composition", "Structures", "neighbor_list"]
+
+
+@dataclass
+class Structures:
+    """One or more structures as tensors on one device.
+
+    Parameters
+    ----------
+    positions
+        ``[N, 3]`` Cartesian positions, the atoms of each system contiguous
+        and the systems in order.
+    numbers
+        ``[N]`` atomic numbers (integer).
+    cell
+        ``[S, 3, 3]`` cells, lattice vectors as rows (ASE's convention); a
+        single ``[3, 3]`` cell is taken for one system.
+    pbc
+        Periodicity: one bool for every system and direction, ``[3]`` for
+        every system, or ``[S, 3]``.
+    system
+        ``[N]`` index of each atom's system, ``0 .. S-1`` in order; ``None``:
+        all atoms are one system.
+    """
+
+    positions: Tensor
+    numbers: Tensor
+    cell: Tensor
+    pbc: bool | Tensor
+    system: Tensor | None = None
+
+    @classmethod
+    def from_atoms(cls, atoms: Any, *, dtype: torch.dtype = torch.float64,
+                   device: str | torch.device = "cpu") -> Structures:
+        """Structures from one ``ase.Atoms`` or a list of them."""
+        structures = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
+        if not structures:
+            raise ValueError("ddpad.Structures.from_atoms needs at least one structure")
+        positions = torch.cat([torch.as_tensor(a.positions, dtype=dtype) for a in structures])
+        numbers = torch.cat([torch.as_tensor(a.numbers, dtype=torch.long) for a in structures])
+        cell = torch.stack([torch.as_tensor(a.cell.array, dtype=dtype) for a in structures])
+        pbc = torch.stack([torch.as_tensor(a.pbc, dtype=torch.bool) for a in structures])
+        system = torch.repeat_interleave(torch.arange(len(structures)),
+                                         torch.tensor([len(a) for a in structures], dtype=torch.long))
+        return cls(positions.to(device), numbers.to(device), cell.to(device), pbc.to(device), system.to(device))
+
+    @property
+    def cells(self) -> Tensor:
+        """``[S, 3, 3]`` cells."""
+        return self.cell if self.cell.dim() == 3 else self.cell.unsqueeze(0)
+
+
+class Composition:
+    """What a :class:`Structures` fixes until its atoms change: the number of
+    systems, the atom range of each (on the host), ``ptr`` and the system index
+    on the device, and the periodicity per system. Built (and the input
+    checked, reading the device once) by :meth:`of`; reused while the same
+    ``numbers`` and ``system`` tensors, unmodified, come back.
+
+    Parameters
+    ----------
+    structures
+        The structures.
+    known
+        Atomic numbers the model knows; ``None``: any.
+    """
+
+    def __init__(self, structures: Structures, known: frozenset[int] | None = None) -> None:
+        s = structures
+        positions, numbers = s.positions, s.numbers
+        if positions.dim() != 2 or positions.shape[-1] != 3:
+            raise ValueError(f"ddpad: positions must be [N, 3], got {list(positions.shape)}")
+        if numbers.shape != positions.shape[:1]:
+            raise ValueError(f"ddpad: numbers must be [N] = [{positions.shape[0]}], got {list(numbers.shape)}")
+        n = positions.shape[0]
+        device = positions.device
+        system = s.system if s.system is not None else torch.zeros(n, dtype=torch.long, device=device)
+        if system.shape != (n,):
+            raise ValueError(f"ddpad: system must be [N] = [{n}], got {list(system.shape)}")
+        cells = s.cells
+        n_systems = cells.shape[0]
+        if cells.shape[1:] != (3, 3):
+            raise ValueError(f"ddpad: cell must be [S, 3, 3] or [3, 3], got {list(s.cell.shape)}")
+        # the one read of the device per composition: counts, order, species, finiteness
+        counts = torch.bincount(system.long(), minlength=n_systems).tolist() if n else [0] * n_systems
+        if len(counts) > n_systems or (n and bool((system[1:] < system[:-1]).any())) or (n and int(system.min()) < 0):
+            raise ValueError(f"ddpad: system indices must run 0 .. {n_systems - 1} in order (one cell per system); "
+                             "sort the atoms by system")
+        for index, count in enumerate(counts):
+            if count == 0:
+                raise ValueError(f"ddpad: system {index} has no atoms; every system needs at least one")
+        ptr = [0]
+        for count in counts:
+            ptr.append(ptr[-1] + count)
+        self.n_systems = n_systems
+        self.ranges = [(ptr[i], ptr[i + 1]) for i in range(n_systems)]
+        self.pbc = _pbc_rows(s.pbc, n_systems)
+        # vesin's ``periodic`` per system: a bool, or a tensor for mixed directions
+        self.periodic = [p[0] if len(set(p)) == 1 else torch.tensor(p, device=device) for p in self.pbc]
+        if known is not None:
+            for index, (lo, hi) in enumerate(self.ranges):
+                unknown = sorted(set(numbers[lo:hi].tolist()) - known)
+                if unknown:
+                    raise ValueError(f"ddpad: system {index} has atomic numbers {unknown} that the model does "
+                                     f"not know (it knows {sorted(known)})")
+        finite = torch.isfinite(positions).all(dim=1)
+        if not bool(finite.all()):
+            bad = sorted({_system_of(int(i), self.ranges) for i in torch.nonzero(~finite).flatten().tolist()})
+            raise ValueError(f"ddpad: system(s) {bad} have positions that are not finite (NaN or inf)")
+        dets = torch.linalg.det(cells.double()).abs().tolist()
+        for index, (det, periodic) in enumerate(zip(dets, self.pbc)):
+            if any(periodic) and det < 1e-12:
+                raise ValueError(f"ddpad: system {index} is periodic ({list(periodic)}) but its cell has no "
+                                 "volume; give it a cell or pbc=False")
+        self.ptr = torch.tensor(ptr, dtype=torch.long, device=device)
+        self.system = system.long()
+        self._numbers, self._system = numbers, s.system
+        self._versions = (numbers._version, None if s.system is None else s.system._version)
+        self._pbc = s.pbc
+
+    def matches(self, structures: Structures) -> bool:
+        """Whether ``structures`` has this composition: the same ``numbers``,
+        ``system`` and ``pbc`` objects, unmodified (no read of the device)."""
+        s = structures
+        return (s.numbers is self._numbers and s.system is self._system and s.pbc is self._pbc
+                and self._versions == (s.numbers._version, None if s.system is None else s.system._version))
+
+    @classmethod
+    def of(cls, structures: Structures, cached: Composition | None,
+           known: frozenset[int] | None = None) -> Composition:
+        """``cached`` when it still matches, else a new (checked) composition."""
+        return cached if cached is not None and cached.matches(structures) else cls(structures, known)
+
+
+def _pbc_rows(pbc: bool | Tensor, n_systems: int) -> list[tuple[bool, bool, bool]]:
+    if isinstance(pbc, Tensor):
+        rows = pbc.bool().reshape(-1, 3).tolist() if pbc.numel() in (3, 3 * n_systems) else None
+        if rows is None and pbc.numel() == 1:
+            rows = [[bool(pbc)] * 3]
+        if rows is None:
+            raise ValueError(f"ddpad: pbc must be a bool, [3] or [S, 3] = [{n_systems}, 3], got {list(pbc.shape)}")
+    else:
+        rows = [[bool(pbc)] * 3]
+    if len(rows) == 1:
+        rows = rows * n_systems
+    return [(bool(a), bool(b), bool(c)) for a, b, c in rows]
+
+
+def _system_of(atom: int, ranges: list[tuple[int, int]]) -> int:
+    return next(i for i, (lo, hi) in enumerate(ranges) if lo <= atom < hi)
+
+
+def _vesin() -> Any:
+    try:
+        from vesin_torch import NeighborList
+    except ImportError:
+        try:
+            from vesin.torch import NeighborList
+        except ImportError as exc:
+            raise ImportError(f"ddpad's tensor input path needs vesin-torch: {install_command('torchsim')}") from exc
+    return NeighborList
+
+
+def neighbor_list(structures: Structures, composition: Composition, cutoff: float,
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+    """Every ordered pair closer than ``cutoff``, on the structures' device
+    (vesin-torch, one call per system; vesin inverts the box even when
+    nothing is periodic, so a non-periodic system gets a unit box).
+
+    Returns
+    -------
+    edge_index
+        ``[2, E]`` (sender ``i``, receiver ``j``), global atom indices; no
+        atom paired with itself in its own image.
+    unit_shifts
+        ``[E, 3]`` lattice translations (float, the positions' dtype): the
+        pair's vector is ``r_j - r_i + unit_shifts @ cell``.
+    shifts
+        ``[E, 3]`` ``unit_shifts @ cell`` of the pair's system.
+    """
+    NeighborList = _vesin()
+    calculator = NeighborList(cutoff=float(cutoff), full_list=True)
+    positions, cells = structures.positions.detach(), structures.cells.detach()
+    pairs, units, shifts = [], [], []
+    for index, (lo, hi) in enumerate(composition.ranges):
+        cell = cells[index]
+        box = cell if any(composition.pbc[index]) else torch.eye(3, dtype=cell.dtype, device=cell.device)
+        i, j, unit = calculator.compute(points=positions[lo:hi], box=box, periodic=composition.periodic[index],
+                                        quantities="ijS")
+        unit = unit.to(positions.dtype)
+        pairs.append(torch.stack((i, j)).long() + lo)
+        units.append(unit)
+        shifts.append(unit @ cell)
+    return torch.cat(pairs, dim=1), torch.cat(units), torch.cat(shifts)
+

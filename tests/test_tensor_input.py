@@ -1,0 +1,187 @@
+"""The tensor input path (MACE): ``ddpad.Structures`` -> mace's batch dict on the
+tensors' device, against mace's own ASE pipeline, its checks, and what it reads
+from the device."""
+
+from __future__ import annotations
+
+import collections
+import traceback
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+pytest.importorskip("mace")
+pytest.importorskip("vesin")
+from ase import Atoms  # noqa: E402
+from ase.build import bulk, molecule  # noqa: E402
+
+from ddpad import Evaluator, Structures  # noqa: E402
+from ddpad.adapters import get  # noqa: E402
+
+MACE = get("mace")
+
+
+@pytest.fixture(scope="module")
+def model() -> torch.nn.Module:
+    return MACE.random_model(torch.float64, r_max=3.0)
+
+
+def crystal(rep: tuple[int, int, int], seed: int) -> Atoms:
+    atoms = bulk("C", "diamond", a=3.57, cubic=True) * rep
+    atoms.numbers[::3] = 1
+    atoms.rattle(0.1, seed=seed)
+    return atoms
+
+
+def slab() -> Atoms:
+    atoms = crystal((2, 2, 1), 3)
+    atoms.pbc = (True, True, False)
+    return atoms
+
+
+def water(vacuum: float | None) -> Atoms:
+    atoms = molecule("H2O")
+    if vacuum is not None:
+        atoms.center(vacuum=vacuum)
+    return atoms
+
+
+CASES = {
+    "bulk": lambda: [crystal((2, 1, 1), 0)],
+    "molecule without cell": lambda: [water(None)],
+    "molecule in a box": lambda: [water(3.0)],
+    "slab": lambda: [slab()],
+    "batch of four": lambda: [crystal((1, 1, 1), 1), water(None), slab(), crystal((2, 2, 1), 2)],
+}
+
+
+def edges(data: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
+    """The edge set: (sender, receiver, lattice shift), sorted."""
+    rows = torch.cat([data["edge_index"].T, data["unit_shifts"].round().long()], dim=1)
+    return sorted(map(tuple, rows.tolist()))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_same_numbers_as_mace_pipeline(model: torch.nn.Module, case: str) -> None:
+    atoms = CASES[case]()
+    reference = MACE.build_input(model, atoms)
+    data = MACE.tensor_input(model)(Structures.from_atoms(atoms))
+    assert edges(data) == edges(reference)
+    options = {"compute_stress": True, "training": False}
+    want, got = MACE.reference(model, reference, **options), MACE.reference(model, data, **options)
+    for key in ("energy", "forces", "stress"):
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-10, msg=key)
+
+
+def test_padded_call_same_as_ase_path(model: torch.nn.Module) -> None:
+    atoms = CASES["batch of four"]()
+    evaluate = Evaluator(model, "mace", compile=False)
+    assert evaluate.takes_tensors
+    want = evaluate(atoms, stress=True)
+    got = evaluate(Structures.from_atoms(atoms), stress=True)
+    for key in ("energy", "forces", "stress"):
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-10, msg=key)
+
+
+def bad(kind: str) -> Structures:
+    s = Structures.from_atoms([crystal((1, 1, 1), 0), crystal((1, 1, 1), 1), crystal((1, 1, 1), 2)])
+    lo = 8  # system 1's first atom
+    if kind == "unknown species":
+        s.numbers[lo + 2] = 14
+    elif kind == "NaN position":
+        s.positions[lo + 1, 2] = float("nan")
+    elif kind == "cell of zeros with pbc":
+        s.cell[1] = 0.0
+    elif kind == "empty system":
+        s.system = torch.where(s.system == 1, 2, s.system)
+    return s
+
+
+@pytest.mark.parametrize("kind", ["unknown species", "NaN position", "cell of zeros with pbc", "empty system"])
+def test_bad_input_names_the_system_before_any_compile(model: torch.nn.Module, kind: str) -> None:
+    evaluate = Evaluator(model, "mace", backend="aot_eager", compile_cache=None)
+    with pytest.raises(ValueError, match="system 1|system\\(s\\) \\[1\\]") as info:
+        evaluate(bad(kind))
+    assert info.value.args[0].startswith("ddpad: ")
+    assert evaluate.stats.graphs == 0 and evaluate.stats.calls == 0
+
+
+class HostReads(TorchDispatchMode):
+    """Counts reads of a tensor's value by the host (``.item()``, ``.tolist()``,
+    ``bool(t)``, ``int(t)``: ``aten._local_scalar_dense``), each by the file of
+    ddpad that made it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_file: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default:
+            ours = [f.filename for f in traceback.extract_stack() if "/ddpad_core/" in f.filename
+                    or "/adapters/" in f.filename]
+            self.by_file["/".join(ours[-1].split("/")[-2:]) if ours else "elsewhere"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_steady_step_reads_the_device_only_where_free(model: torch.nn.Module) -> None:
+    """After the first call, a step with the same atoms reads nothing from the
+    device to build its input, and the padded call only in the padders'
+    host-device checks (``_padders/_checks.py``, which skip a tensor that is
+    not on the CPU): on a GPU, no host read but the neighbour list's own."""
+    structures = Structures.from_atoms(CASES["batch of four"]())
+    build = MACE.tensor_input(model)
+    evaluate = Evaluator(model, "mace", compile=False)
+    evaluate(structures)
+    build(structures)
+    for _ in range(2):
+        structures.positions = structures.positions + 0.01
+        with HostReads() as built:
+            build(structures)
+        assert sum(built.by_file.values()) == 0, built.by_file
+        with HostReads() as called:
+            evaluate(structures, stress=True)
+        assert set(called.by_file) == {"_padders/_checks.py"}, called.by_file
+
+
+def test_composition_checked_again_when_atoms_change(model: torch.nn.Module) -> None:
+    structures = Structures.from_atoms([crystal((1, 1, 1), 0), crystal((1, 1, 1), 1)])
+    build = MACE.tensor_input(model)
+    first = build(structures)
+    assert build(structures)["node_attrs"] is first["node_attrs"]  # reused while the atoms stay
+    structures.numbers[3] = 8  # in place: a new composition
+    changed = build(structures)
+    assert changed["node_attrs"] is not first["node_attrs"]
+    assert changed["node_attrs"][3].argmax() == 2  # O is the third species
+    structures.numbers = structures.numbers.clone()
+    structures.numbers[3] = 14  # a new tensor: checked again
+    with pytest.raises(ValueError, match="system 0 has atomic numbers \\[14\\]"):
+        build(structures)
+
+
+def test_ase_calculator_takes_the_tensor_path(model: torch.nn.Module) -> None:
+    """``ddpad.ase.Calculator`` builds MACE's input from the atoms' arrays as
+    tensors (same numbers as its ASE pipeline, ``tensor_input=False``, over a
+    short Langevin run), and checks the composition once while the atoms stay."""
+    from ase import units
+    from ase.md.langevin import Langevin
+
+    from ddpad.ase import Calculator
+
+    runs = {}
+    for tensors in (True, False):
+        atoms = crystal((2, 1, 1), 5)
+        atoms.calc = Calculator(model, "mace", compile=False, tensor_input=tensors)
+        assert atoms.calc.tensor_input is tensors
+        dyn = Langevin(atoms, 1.0 * units.fs, temperature_K=600, friction=0.02, rng=np.random.default_rng(0))
+        energies: list[float] = []
+        dyn.attach(lambda: energies.append(atoms.get_potential_energy()), interval=1)
+        dyn.run(5)
+        runs[tensors] = (np.array(energies), atoms.get_forces(), atoms.get_stress())
+        if tensors:
+            numbers = atoms.calc.structures(atoms).numbers
+            assert atoms.calc.structures(atoms).numbers is numbers  # the composition's tensors, reused
+    for got, want in zip(runs[True], runs[False]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-10)
