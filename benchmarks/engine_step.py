@@ -1,19 +1,24 @@
-"""ddpad's MD step inside an engine against the engine's own MACE model.
+"""ddpad's MD step inside an engine against the engine's own model wrapper.
 
-``python benchmarks/engine_step.py {torchsim,ase} {one,batch} [--blocks 8] [--steps 10] [--backend inductor] [--json FILE]``
+``python benchmarks/engine_step.py {torchsim,ase} {one,batch} [--adapter mace] [--blocks 8] [--steps 10] [--backend inductor] [--json FILE]``
 
-One process, one random float64 MACE model, Langevin dynamics at 600 K,
-1 fs. ``one`` is a 64-atom diamond cell, ``batch`` four rattled crystals of
-different sizes (376 atoms) in one state (torch-sim only).
+One process, one random model (MACE in float64, SevenNet in float32, its
+only dtype), Langevin dynamics at 600 K, 1 fs. ``one`` is a 64-atom diamond
+cell, ``batch`` four rattled crystals of different sizes (376 atoms) in one
+state (torch-sim only).
 
 - ``torchsim``: torch-sim's ``nvt_langevin``; ``ddpad`` is
-  ``ddpad.torchsim.Model(model, "mace", backend=...)`` with its defaults (the
+  ``ddpad.torchsim.Model(model, ADAPTER, backend=...)`` with its defaults (the
   state's tensors, the compile store, tight caps), the baseline torch-sim's
-  own eager ``MaceModel``.
+  own eager model (``MaceModel``, ``SevenNetModel``).
 - ``ase``: ASE's ``Langevin``; ``ddpad`` is ``ddpad.ase.Calculator`` (the
   tensor input path), ``ddpad (ASE pipeline)`` the same with
-  ``tensor_input=False`` (mace's data pipeline and matscipy's neighbour list),
-  the baseline mace's own eager ``MACECalculator``.
+  ``tensor_input=False`` (the adapter's pipeline: the package's data pipeline
+  and CPU neighbour list), the baseline the package's own eager calculator
+  (``MACECalculator``, ``SevenNetCalculator``).
+
+The baselines get their own copies of the model (the packages' wrappers set
+flags on the model they are given).
 
 ddpad compiles into a temporary compile store (its caps are the tight fit).
 Each variant steps its own copy of the same start; after a warm-up the
@@ -24,6 +29,7 @@ machine load, and each ratio (variant / baseline) is taken per block.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -47,20 +53,46 @@ def _systems(kind: str) -> list[Any]:
     return out
 
 
-def _torchsim(model: Any, kind: str, backend: str, store: str) -> tuple[dict[str, Callable[[], None]], Any, int]:
-    """Steppers for torch-sim's loop: ddpad's model and torch-sim's ``MaceModel``."""
+def _torchsim_baseline(adapter: str, model: Any) -> tuple[str, Any]:
+    import torch
+
+    device, dtype = torch.device("cpu"), next(model.parameters()).dtype
+    if adapter == "mace":
+        from torch_sim.models.mace import MaceModel
+
+        return "torch-sim MaceModel", MaceModel(copy.deepcopy(model), device=device, dtype=dtype)
+    from torch_sim.models.sevennet import SevenNetModel
+
+    try:  # torch-sim 0.3.0's wrapper imports names sevenn 0.13 no longer has (it fails when built)
+        return "torch-sim SevenNetModel", SevenNetModel(copy.deepcopy(model), device=device, dtype=dtype)
+    except ImportError as exc:
+        raise SystemExit(f"engine_step.py: torch-sim's SevenNetModel does not load here: {exc}") from exc
+
+
+def _ase_baseline(adapter: str, model: Any) -> tuple[str, Any]:
+    if adapter == "mace":
+        from mace.calculators import MACECalculator
+
+        return "MACECalculator", MACECalculator(models=copy.deepcopy(model), device="cpu", default_dtype="float64")
+    from sevenn.calculator import SevenNetCalculator
+
+    return "SevenNetCalculator", SevenNetCalculator(copy.deepcopy(model), device="cpu")
+
+
+def _torchsim(adapter: str, model: Any, kind: str, backend: str, store: str,
+              ) -> tuple[dict[str, Callable[[], None]], Any, int, str]:
+    """Steppers for torch-sim's loop: ddpad's model and torch-sim's own."""
     import torch
     import torch_sim as ts
-    from torch_sim.models.mace import MaceModel
 
     from ddpad.torchsim import Model
 
-    device, dtype = torch.device("cpu"), torch.float64
+    device, dtype = torch.device("cpu"), next(model.parameters()).dtype
     start = ts.io.atoms_to_state(_systems(kind), device=device, dtype=dtype)
     kT = torch.tensor(TEMPERATURE_K * 8.617333262e-5, dtype=dtype)
     dt = torch.tensor(TIMESTEP_FS * 1e-3, dtype=dtype)
-    models = {"ddpad": Model(model, "mace", backend=backend, compile_cache=store),
-              "torch-sim MaceModel": MaceModel(model, device=device, dtype=dtype)}
+    baseline, own = _torchsim_baseline(adapter, model)
+    models = {"ddpad": Model(model, adapter, backend=backend, compile_cache=store), baseline: own}
     steppers = {}
     for name, m in models.items():
         init, update = ts.nvt_langevin(m, dt=dt, kT=kT)
@@ -70,24 +102,25 @@ def _torchsim(model: Any, kind: str, backend: str, store: str) -> tuple[dict[str
             box["state"] = update(box["state"], dt=dt, kT=kT)
 
         steppers[name] = step
-    return steppers, models["ddpad"].wrapped, int(start.n_atoms)
+    return steppers, models["ddpad"].wrapped, int(start.n_atoms), baseline
 
 
-def _ase(model: Any, kind: str, backend: str, store: str) -> tuple[dict[str, Callable[[], None]], Any, int]:
-    """Steppers for ASE's ``Langevin``: ddpad's calculator on both input paths and mace's ``MACECalculator``."""
+def _ase(adapter: str, model: Any, kind: str, backend: str, store: str,
+         ) -> tuple[dict[str, Callable[[], None]], Any, int, str]:
+    """Steppers for ASE's ``Langevin``: ddpad's calculator on both input paths and the package's own."""
     import numpy as np
     from ase import units
     from ase.md.langevin import Langevin
-    from mace.calculators import MACECalculator
 
     from ddpad.ase import Calculator
 
     if kind != "one":
         raise SystemExit("engine_step.py: ASE steps one system; use 'one'")
+    baseline, own = _ase_baseline(adapter, model)
     calculators = {
-        "ddpad": Calculator(model, "mace", backend=backend, compile_cache=store),
-        "ddpad (ASE pipeline)": Calculator(model, "mace", backend=backend, compile_cache=store, tensor_input=False),
-        "MACECalculator": MACECalculator(models=model, device="cpu", default_dtype="float64"),
+        "ddpad": Calculator(model, adapter, backend=backend, compile_cache=store),
+        "ddpad (ASE pipeline)": Calculator(model, adapter, backend=backend, compile_cache=store, tensor_input=False),
+        baseline: own,
     }
     steppers = {}
     for name, calc in calculators.items():
@@ -96,22 +129,23 @@ def _ase(model: Any, kind: str, backend: str, store: str) -> tuple[dict[str, Cal
         dyn = Langevin(atoms, TIMESTEP_FS * units.fs, temperature_K=TEMPERATURE_K, friction=0.02,
                        rng=np.random.default_rng(1))
         steppers[name] = lambda dyn=dyn: dyn.run(1)
-    return steppers, calculators["ddpad"].wrapped, len(_systems(kind)[0])
+    return steppers, calculators["ddpad"].wrapped, len(_systems(kind)[0]), baseline
 
 
-ENGINES = {"torchsim": (_torchsim, "torch-sim MaceModel"), "ase": (_ase, "MACECalculator")}
+ENGINES = {"torchsim": _torchsim, "ase": _ase}
+ADAPTERS = ("mace", "sevennet")
 
 
-def measure(engine: str, kind: str, blocks: int, steps: int, backend: str, warmup: int = 12) -> dict[str, Any]:
+def measure(engine: str, kind: str, blocks: int, steps: int, backend: str, adapter: str = "mace",
+            warmup: int = 12) -> dict[str, Any]:
     """Median step times and per-block ratios (see the module's docstring)."""
     import torch
 
-    from ddpad.adapters.mace import random_model
+    from ddpad.adapters import get
 
-    make, baseline = ENGINES[engine]
-    model = random_model(torch.float64)
+    model = get(adapter).random_model(*((torch.float64,) if adapter == "mace" else ()))
     with tempfile.TemporaryDirectory(prefix="ddpad-engine-") as store:
-        steppers, wrapped, atoms = make(model, kind, backend, store)
+        steppers, wrapped, atoms, baseline = ENGINES[engine](adapter, model, kind, backend, store)
         t0 = time.perf_counter()
         steppers["ddpad"]()  # the first call: compiles
         first_call = time.perf_counter() - t0
@@ -131,7 +165,7 @@ def measure(engine: str, kind: str, blocks: int, steps: int, backend: str, warmu
         variants[name] = {"ms": 1e3 * statistics.median(ts), "ratio_median": statistics.median(ratios),
                           "ratio_min": min(ratios), "ratio_max": max(ratios)}
     return {
-        "engine": engine, "kind": kind, "atoms": atoms, "systems": len(SIZES[kind]), "backend": backend,
+        "engine": engine, "adapter": adapter, "kind": kind, "atoms": atoms, "systems": len(SIZES[kind]), "backend": backend,
         "threads": torch.get_num_threads(), "blocks": blocks, "steps_per_block": steps, "baseline": baseline,
         "variants": variants, "ddpad_first_call_s": first_call, "caps": dict(wrapped.caps),
         "graphs": wrapped.stats.graphs, "growths": len(wrapped.stats.growths),
@@ -142,13 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("engine", choices=sorted(ENGINES))
     parser.add_argument("kind", choices=sorted(SIZES))
+    parser.add_argument("--adapter", choices=ADAPTERS, default="mace")
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--backend", default="inductor")
     parser.add_argument("--json", help="also write the report to this file")
     args = parser.parse_args(argv)
-    row = measure(args.engine, args.kind, args.blocks, args.steps, args.backend)
-    print(f"{row['engine']}, {row['atoms']} atoms in {row['systems']} system(s), {row['threads']} thread(s); "
+    row = measure(args.engine, args.kind, args.blocks, args.steps, args.backend, args.adapter)
+    print(f"{row['adapter']} in {row['engine']}, {row['atoms']} atoms in {row['systems']} system(s), {row['threads']} thread(s); "
           f"caps {row['caps']}, {row['graphs']} graph(s), {row['growths']} growth(s):")
     for name, v in row["variants"].items():
         print(f"  {name:<22} {v['ms']:8.1f} ms/step  x{v['ratio_median']:.2f} "

@@ -74,10 +74,12 @@ MEASUREMENTS = (
     *(Measurement(f"steady-{a}", a, (a, "--steady"), env=COLD) for a in ("mace", "aimnet2", "uma")),
     *(Measurement(f"first-call-{a}", a, (a, "--first-call")) for a in ADAPTERS),
     Measurement("growing-toy", "toy", ("toy", "--compile-store", "--steps", "200", "--aot-ladder")),
-    *(Measurement(f"{engine}-{kind}", "mace", (engine, kind), (engine, kind, "--blocks", "4"),
+    *(Measurement(f"{engine}-{kind}" + ("" if adapter == "mace" else f"-{adapter}"), adapter,
+                  (engine, kind, "--adapter", adapter), (engine, kind, "--adapter", adapter, "--blocks", "4"),
                   script="engine_step.py", modules=modules)
-      for engine, kind, modules in (("torchsim", "one", ("torch_sim",)), ("torchsim", "batch", ("torch_sim",)),
-                                    ("ase", "one", ()))),
+      for engine, kind, adapter, modules in (("torchsim", "one", "mace", ("torch_sim",)),
+                                             ("torchsim", "batch", "mace", ("torch_sim",)),
+                                             ("ase", "one", "mace", ()), ("ase", "one", "sevennet", ()))),
 )
 
 
@@ -286,7 +288,7 @@ def growing_section(doc: dict[str, Any]) -> str:
 
 
 ENGINE_NAMES = {"torchsim": "torch-sim (`nvt_langevin`)", "ase": "ASE (`Langevin`)"}
-ENGINE_RUNS = ("torchsim-one", "torchsim-batch", "ase-one")
+ENGINE_RUNS = ("torchsim-one", "torchsim-batch", "ase-one", "ase-one-sevennet")
 
 
 def engines_section(docs: list[dict[str, Any]]) -> str:
@@ -297,16 +299,20 @@ def engines_section(docs: list[dict[str, Any]]) -> str:
             ratio = "1" if name == r["baseline"] else f"**{v['ratio_median']:.2f}**" if name == "ddpad" else \
                 f"{v['ratio_median']:.2f}"
             spread = "-" if name == r["baseline"] else f"{v['ratio_min']:.2f}-{v['ratio_max']:.2f}"
-            rows.append([ENGINE_NAMES[r["engine"]], f"{r['atoms']} atoms, {r['systems']} system(s)", name,
+            rows.append([ENGINE_NAMES[r["engine"]], r.get("adapter", "mace"),
+                         f"{r['atoms']} atoms, {r['systems']} system(s)", name,
                          f"{v['ms']:.1f}", ratio, spread])
     return "\n\n".join([
-        "ddpad's MD step inside an engine against the engine's own MACE model (same random float64 MACE model, "
-        "same start, one process; `python benchmarks/engine_step.py ENGINE SYSTEM`): ddpad with `backend="
+        "ddpad's MD step inside an engine against the engine's own model wrapper (same random model - MACE in "
+        "float64, SevenNet in float32 - same start, one process; `python benchmarks/engine_step.py ENGINE SYSTEM "
+        "--adapter ADAPTER`): ddpad with `backend="
         "\"inductor\"` and the compile store (its caps the tight fit), building the input from the engine's "
-        "tensors; \"ASE pipeline\" is ddpad's calculator with `tensor_input=False` (mace's data pipeline). After a "
+        "tensors; \"ASE pipeline\" is ddpad's calculator with `tensor_input=False` (the package's data pipeline). "
+        "torch-sim 0.3.0's `SevenNetModel` does not load with sevenn 0.13 (it imports `torch_script_type`, which "
+        "sevenn no longer has), so SevenNet has no torch-sim row. After a "
         "warm-up the variants step in alternating blocks of 10 steps; the ratio is a variant's step over the "
         "engine's own model's, per block (median, and the range over blocks).",
-        _table(["engine", "system", "model", "ms / step", "x engine's own", "range over blocks"], rows),
+        _table(["engine", "adapter", "system", "model", "ms / step", "x engine's own", "range over blocks"], rows),
         *(_made_by(doc) for doc in docs)])
 
 

@@ -22,7 +22,7 @@ class and inherits every check::
 
 Each check is also a function (``check_exact``, ``check_dead_rows``,
 ``check_call_forms``, ``check_autograd``, ``check_empty_rejected``,
-``check_torchsim``, ``check_tight``, ``check_aot``) for use outside pytest classes. Needs pytest and ase;
+``check_torchsim``, ``check_tensor_input``, ``check_tight``, ``check_aot``) for use outside pytest classes. Needs pytest and ase;
 the torch-sim check runs where torch-sim is installed and is skipped
 (saying so) where it is not.
 """
@@ -50,6 +50,7 @@ __all__ = [
     "check_empty_rejected",
     "check_exact",
     "check_graphs",
+    "check_tensor_input",
     "check_tight",
     "check_torchsim",
     "default_trajectory",
@@ -352,6 +353,36 @@ def check_torchsim(adapter: Any, model: torch.nn.Module, batches: Sequence[Seque
     check_graphs(padded.wrapped)
 
 
+def check_tensor_input(adapter: Any, model: torch.nn.Module, structures: Sequence[Any], *, atol: float,
+                       rtol: float = 0.0, backend: str = "aot_eager") -> None:
+    """The adapter's ``tensor_input`` (an engine's tensors -> the native
+    input) gives the numbers of its ASE pipeline: each of ``structures``
+    (``ase.Atoms`` or lists of them) as :class:`~ddpad.Structures` on the
+    model's device, through the unpadded eager model and through the padded
+    model (one graph per growth), against the pipeline's eager energies,
+    forces and (periodic structures) stress."""
+    from ._evaluator import Evaluator
+    from ._structures import Structures
+
+    adapter = resolve_adapter(adapter)
+    if adapter.tensor_input is None:
+        pytest.skip(f"adapter {adapter.name!r} declares no tensor_input")
+    device = next(model.parameters()).device
+    eager = Evaluator(model, adapter, pad=False, compile=False)
+    padded = Evaluator(model, adapter, backend=backend, on_recompile="raise")
+    for step, atoms in enumerate(structures):
+        parts = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
+        stress = all(bool(a.pbc.all()) for a in parts)
+        tensors = Structures.from_atoms(parts, device=device)
+        keys = ["energy", "forces", *(["stress"] if stress else [])]
+        want = {k: v for k, v in eager(parts, stress=stress).items() if k in keys}
+        for where, got in (("eager", eager(tensors, stress=stress)), ("padded", padded(tensors, stress=stress))):
+            _compare({k: got[k] for k in keys}, want, atol=atol, rtol=rtol,
+                     where=f"tensor input, structure {step}, {where}")
+    assert padded.wrapped is not None
+    check_graphs(padded.wrapped)
+
+
 def check_empty_rejected(adapter: Any, model: torch.nn.Module) -> None:
     """An empty structure is a clear ``ValueError`` from the input builder."""
     from ase import Atoms
@@ -475,6 +506,9 @@ class AdapterTests:
         else:
             assert result["refused"], f"compile_mode='aot' was expected to refuse ({self.aot_route!r}) and did not"
             assert all(self.aot_route in why for why in result["refused"].values()), result["refused"]
+
+    def test_tensor_input(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
+        check_tensor_input(resolved, model, trajectory, atol=self.atol, rtol=self.rtol, backend=self.backend)
 
     def test_torchsim_model(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
         singles = [s for s in trajectory if not isinstance(s, (list, tuple))]

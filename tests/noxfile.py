@@ -187,7 +187,8 @@ def lammps(session: nox.Session) -> None:
 def sevennet(session: nox.Session) -> None:
     """The SevenNet adapter against sevenn (e3nn >= 0.5: its own environment),
     torch-sim included (the conformance kit runs it where it is installed)."""
-    _adapter_session(session, "sevennet,torchsim", "tests/test_sevennet.py", "tests/test_docs.py", *INSTALLED_REGISTRY)
+    _adapter_session(session, "sevennet,torchsim", "tests/test_sevennet.py", "tests/test_tensor_input.py",
+                     "tests/test_docs.py", *INSTALLED_REGISTRY)
 
 
 @_session

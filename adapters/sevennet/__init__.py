@@ -46,13 +46,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from ddpad import COOPadder, Fill
+from ddpad import Composition, COOPadder, Fill, Structures, neighbor_list
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon, voigt_to_full
 from torch import Tensor
 
 __all__ = [
     "ADAPTER", "build_input", "default_system", "evaluate", "load_model", "make_padder",
-    "prepare_model", "properties", "random_config", "random_model", "save_checkpoint",
+    "prepare_model", "properties", "random_config", "random_model", "save_checkpoint", "tensor_input",
 ]
 
 ENERGY = "inferred_total_energy"
@@ -192,6 +192,38 @@ def build_input(
     return {k: v.to(target) for k, v in batch.to_dict().items() if isinstance(v, Tensor)}
 
 
+def tensor_input(model: torch.nn.Module) -> Any:
+    """``Structures -> sevenn's batch dict`` on the structures' device: the
+    fields of :func:`build_input`, the neighbour list from vesin-torch
+    (sevenn's pairs: ``edge_vec = pos[dst] - pos[src] + shift``, computed in
+    the positions' dtype, then cast to the model's, as sevenn casts its
+    numpy graph). Per composition the atomic-number fields, ``num_atoms``,
+    ``ptr`` and the checks; per step the neighbour list, ``edge_vec`` and
+    ``cell_volume``."""
+    known = frozenset(_type_map(model))
+    cutoff = _cutoff(model)
+    dtype = next(model.parameters()).dtype
+    state: dict[str, Any] = {}
+
+    def build(structures: Structures) -> dict[str, Tensor]:
+        composition = Composition.of(structures, state.get("composition"), known)
+        if composition is not state.get("composition"):
+            state.update(composition=composition, numbers=structures.numbers.long(),
+                         num_atoms=composition.ptr.diff())
+        edge_index, _, shifts = neighbor_list(structures, composition, cutoff)
+        positions = structures.positions.detach()
+        edge_vec = positions[edge_index[1]] - positions[edge_index[0]] + shifts
+        numbers = state["numbers"]
+        return {
+            "x": numbers, "edge_index": edge_index, "pos": positions.to(dtype), "node_attr": numbers,
+            "atomic_numbers": numbers, "edge_vec": edge_vec.to(dtype),
+            "cell_volume": torch.linalg.det(structures.cells.detach()).abs().to(dtype),
+            "num_atoms": state["num_atoms"], "batch": composition.system, "ptr": composition.ptr,
+        }
+
+    return build
+
+
 def properties(output: Mapping[str, Any]) -> dict[str, Any]:
     """Flat ``energy [S]``, ``forces [N, 3]``, ``stress [S, 3, 3]`` (ASE's
     sign and layout: sevenn's ``-inferred_stress`` reordered as its calculator
@@ -316,6 +348,7 @@ ADAPTER = builtin_adapter(
     energy_key=ENERGY,
     cutoff=_cutoff,
     build_input=build_input,
+    tensor_input=tensor_input,
     prepare_model=prepare_model,
     call=_step,
     evaluate=evaluate,
