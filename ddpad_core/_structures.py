@@ -124,7 +124,7 @@ class Composition:
                 unknown = sorted(set(numbers[lo:hi].tolist()) - known)
                 if unknown:
                     raise ValueError(f"ddpad: system {index} has atomic numbers {unknown} that the model does "
-                                     f"not know (it knows {sorted(known)})")
+                                     f"not know (it knows {_spans(known)})")
         finite = torch.isfinite(positions).all(dim=1)
         if not bool(finite.all()):
             bad = sorted({_system_of(int(i), self.ranges) for i in torch.nonzero(~finite).flatten().tolist()})
@@ -166,6 +166,17 @@ def _pbc_rows(pbc: bool | Tensor, n_systems: int) -> list[tuple[bool, bool, bool
     if len(rows) == 1:
         rows = rows * n_systems
     return [(bool(a), bool(b), bool(c)) for a, b, c in rows]
+
+
+def _spans(numbers: frozenset[int]) -> str:
+    """``1-99`` or ``1, 6, 8``: runs of consecutive numbers joined."""
+    runs: list[list[int]] = []
+    for z in sorted(numbers):
+        if runs and z == runs[-1][-1] + 1:
+            runs[-1].append(z)
+        else:
+            runs.append([z])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
 
 
 def _system_of(atom: int, ranges: list[tuple[int, int]]) -> int:

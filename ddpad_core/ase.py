@@ -54,7 +54,7 @@ class Calculator(_AseCalculator):
         Options passed on every model call.
     tensor_input
         Build the model's input from the atoms' arrays as tensors on the
-        model's device (the adapter's ``tensor_input``: MACE, SevenNet; the
+        model's device (the adapter's ``tensor_input``: MACE, SevenNet, UMA; the
         numbers tensor is reused while the atoms stay the same), not through
         the adapter's ASE pipeline (``False``: the pipeline, the reference;
         adapters without ``tensor_input`` always use it).

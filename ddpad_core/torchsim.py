@@ -64,7 +64,7 @@ class Model(ModelInterface):
 
     Notes
     -----
-    Where the adapter has a ``tensor_input`` (MACE, SevenNet), each step builds the
+    Where the adapter has a ``tensor_input`` (MACE, SevenNet, UMA), each step builds the
     model's input from the state's tensors on their device (neighbour list
     by vesin-torch); no ``ase.Atoms``. Otherwise each step converts the state
     to ``ase.Atoms`` and builds the input with the adapter's own pipeline, on

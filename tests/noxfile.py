@@ -167,8 +167,9 @@ def mace(session: nox.Session) -> None:
 
 @_session
 def uma(session: nox.Session) -> None:
-    """The UMA adapter against fairchem-core (e3nn >= 0.5: its own environment)."""
-    _adapter_session(session, "uma", "tests/test_uma.py", "tests/test_docs.py", *INSTALLED_REGISTRY)
+    """The UMA adapter against fairchem-core (e3nn >= 0.5: its own environment), with torch-sim."""
+    _adapter_session(session, "uma,torchsim", "tests/test_uma.py", "tests/test_tensor_input.py", "tests/test_docs.py",
+                     *INSTALLED_REGISTRY)
 
 
 @_session

@@ -22,16 +22,18 @@ from ddpad import Evaluator, Structures  # noqa: E402
 from ddpad.adapters import get  # noqa: E402
 
 # adapter -> (its package, a random model, the tolerance against its pipeline: float64 to 1e-10; sevenn is
-# float32 only, and its edges come in another order, so sums round differently)
-ADAPTERS: dict[str, tuple[str, Any, float]] = {
-    "mace": ("mace", lambda a: a.random_model(torch.float64, r_max=3.0), 1e-10),
-    "sevennet": ("sevenn", lambda a: a.random_model(), 2e-5),
+# float32 only, and its edges come in another order, so sums round differently; an atomic number the model
+# does not know)
+ADAPTERS: dict[str, tuple[str, Any, float, int]] = {
+    "mace": ("mace", lambda a: a.random_model(torch.float64, r_max=3.0), 1e-10, 14),
+    "sevennet": ("sevenn", lambda a: a.random_model(), 2e-5, 14),
+    "uma": ("fairchem.core", lambda a: a.random_model(torch.float64), 1e-10, 0),
 }
 
 
 @pytest.fixture(scope="module", params=list(ADAPTERS))
 def adapter_model(request: pytest.FixtureRequest) -> tuple[Any, torch.nn.Module, float]:
-    package, make, tol = ADAPTERS[request.param]
+    package, make, tol, _ = ADAPTERS[request.param]
     pytest.importorskip(package)
     adapter = get(request.param)
     return adapter, make(adapter), tol
@@ -80,9 +82,16 @@ CASES = {
 }
 
 
-def edges(data: dict[str, torch.Tensor]) -> list[tuple[float, ...]]:
+def fields(data: Any) -> dict[str, Any]:
+    """Each input field's dtype and trailing shape (a tensor), or its value."""
+    return {k: (data[k].dtype, data[k].shape[1:]) if isinstance(data[k], torch.Tensor) else data[k]
+            for k in data.keys()}
+
+
+def edges(data: Any) -> list[tuple[float, ...]]:
     """The edge set: (sender, receiver, lattice shift or edge vector), sorted."""
-    extra = data["unit_shifts"] if "unit_shifts" in data else data["edge_vec"]
+    extra = data["unit_shifts"] if "unit_shifts" in data.keys() else data["edge_vec"] if "edge_vec" in data.keys() \
+        else data["cell_offsets"]
     rows = torch.cat([data["edge_index"].T.double(), extra.double()], dim=1).round(decimals=4)
     return sorted(map(tuple, rows.tolist()))
 
@@ -93,8 +102,7 @@ def test_same_numbers_as_the_adapters_pipeline(adapter_model: Any, case: str) ->
     atoms = CASES[case]()
     reference = adapter.build_input(model, atoms)
     data = adapter.tensor_input(model)(Structures.from_atoms(atoms))
-    assert {k: (v.dtype, v.shape[1:]) for k, v in data.items()} == {
-        k: (reference[k].dtype, reference[k].shape[1:]) for k in data}
+    assert fields(data) == fields(reference)
     assert edges(data) == edges(reference)
     evaluate = Evaluator(model, adapter, pad=False, compile=False)
     want, got = evaluate(atoms, stress=True), evaluate(Structures.from_atoms(atoms), stress=True)
@@ -113,11 +121,11 @@ def test_padded_call_same_as_ase_path(adapter_model: Any) -> None:
         close(got[key], want[key], tol, key)
 
 
-def bad(kind: str) -> Structures:
+def bad(kind: str, unknown: int) -> Structures:
     s = Structures.from_atoms([crystal((1, 1, 1), 0), crystal((1, 1, 1), 1), crystal((1, 1, 1), 2)])
     lo = 8  # system 1's first atom
     if kind == "unknown species":
-        s.numbers[lo + 2] = 14
+        s.numbers[lo + 2] = unknown
     elif kind == "NaN position":
         s.positions[lo + 1, 2] = float("nan")
     elif kind == "cell of zeros with pbc":
@@ -132,7 +140,7 @@ def test_bad_input_names_the_system_before_any_compile(adapter_model: Any, kind:
     adapter, model, _ = adapter_model
     evaluate = Evaluator(model, adapter, backend="aot_eager", compile_cache=None)
     with pytest.raises(ValueError, match="system 1|system\\(s\\) \\[1\\]") as info:
-        evaluate(bad(kind))
+        evaluate(bad(kind, ADAPTERS[adapter.name][3]))
     assert info.value.args[0].startswith("ddpad: ")
     assert evaluate.stats.graphs == 0 and evaluate.stats.calls == 0
 

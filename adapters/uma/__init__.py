@@ -32,11 +32,11 @@ import copy
 from typing import Any
 
 import torch
-from ddpad import CapPolicy, COOPadder, Fill, current_dd_context
+from ddpad import CapPolicy, Composition, COOPadder, Fill, Structures, current_dd_context
 from ddpad.adapters._common import builtin_adapter
 from torch import Tensor
 
-__all__ = ["ADAPTER", "PaddedUMA", "build_input", "make_padder", "prepare_model"]
+__all__ = ["ADAPTER", "PaddedUMA", "build_input", "make_padder", "prepare_model", "tensor_input"]
 
 ATOM_FIELDS = {"atomic_numbers": 0, "fixed": 0, "tags": 0}
 SYSTEM_FIELDS: dict[str, Any] = {"cell": Fill.DEAD_CELL, "pbc": False, "charge": Fill.LAST_REAL, "spin": Fill.LAST_REAL}
@@ -177,6 +177,54 @@ def build_input(
     return atomicdata_list_to_batch(graphs).to(device if device is not None else param.device)
 
 
+def tensor_input(model: torch.nn.Module, *, task: str = "omat", charge: int = 0, spin: int = 0) -> Any:
+    """``Structures -> fairchem's AtomicData batch`` on the structures' device,
+    as :func:`build_input` makes it (``AtomicData.from_ase``: positions
+    wrapped into the cell along periodic directions, a missing cell vector
+    completed, ``charge`` / ``spin`` per system, the graph left to the
+    model). No neighbour list here: UMA builds its graph in ``forward``, on
+    the input's device. The batch is made once per composition (fairchem's
+    ``AtomicData`` checks itself when made, reading the device) and checked;
+    each step replaces its positions (wrapped) and cells."""
+    from fairchem.core.datasets.atomic_data import AtomicData
+
+    limit = int(getattr(_backbone(model), "max_num_elements", 0) or 0)
+    known = frozenset(range(1, limit)) if limit else None
+    dtype = next(model.parameters()).dtype
+    state: dict[str, Any] = {}
+
+    def build(structures: Structures) -> Any:
+        composition = Composition.of(structures, state.get("composition"), known)
+        device, system, n_sys = structures.positions.device, composition.system, composition.n_systems
+        if composition is not state.get("composition"):
+            state.update(composition=composition, data=None,
+                         pbc=torch.tensor(composition.pbc, dtype=torch.bool, device=device))
+        cells = structures.cells.detach()
+        missing = cells.abs().sum(dim=2, keepdim=True) == 0  # ASE's complete cell: unit vectors for those
+        cells = torch.where(missing, torch.eye(3, dtype=cells.dtype, device=device), cells)
+        # ase's wrap_positions, as from_ase: fractional coordinates mod 1 along periodic directions
+        fractional = torch.linalg.solve(cells.transpose(1, 2)[system],
+                                        structures.positions.detach().unsqueeze(-1)).squeeze(-1)
+        fractional = torch.where(state["pbc"][system], fractional % 1.0, fractional)
+        positions = torch.einsum("ni,nij->nj", fractional, cells[system]).to(dtype)
+        if state["data"] is None:  # once per composition: AtomicData checks itself, reading the device
+            atom_zeros = torch.zeros(positions.shape[0], dtype=torch.long, device=device)
+            state["data"] = AtomicData(
+                pos=positions, atomic_numbers=structures.numbers.long(), cell=cells.to(dtype), pbc=state["pbc"],
+                natoms=composition.ptr.diff(), edge_index=torch.zeros(2, 0, dtype=torch.long, device=device),
+                cell_offsets=torch.zeros(0, 3, dtype=dtype, device=device),
+                nedges=torch.zeros(n_sys, dtype=torch.long, device=device),
+                charge=torch.full((n_sys,), charge, dtype=torch.long, device=device),
+                spin=torch.full((n_sys,), spin, dtype=torch.long, device=device), fixed=atom_zeros,
+                tags=atom_zeros, batch=system, sid=[""] * n_sys, dataset=[task] * n_sys,
+            )
+        data = state["data"]
+        data.pos, data.cell = positions, cells.to(dtype)
+        return data
+
+    return build
+
+
 def random_model(
     dtype: torch.dtype | None = None, device: str = "cpu", *, moe: bool = False, cutoff: float = 4.0, seed: int = 0,
 ) -> torch.nn.Module:
@@ -230,6 +278,7 @@ ADAPTER = builtin_adapter(
     energy_key="energy",
     cutoff=_cutoff,
     build_input=build_input,
+    tensor_input=tensor_input,
     pad_in_forward=True,
     prepare_model=prepare_model,
     compile_region=_compile_core,
