@@ -47,6 +47,16 @@ def _private_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone() if tensor.requires_grad else tensor.detach().clone()
 
 
+def engine_input(adapter: Adapter, model: torch.nn.Module, atoms: Any) -> Any:
+    """``atoms``' native input as the engines build it: through the adapter's
+    ``tensor_input`` on the model's device where it has one, else its ASE
+    pipeline. What ``ddpad precompile`` compiles for, so that its graphs and
+    packages are the ones a run through the ASE calculator looks up."""
+    if adapter.tensor_input is None:
+        return adapter.input_builder(model)(atoms)
+    return adapter.tensor_input(model)(Structures.from_atoms(atoms, device=next(model.parameters()).device))
+
+
 class Evaluator:
     """``atoms -> flat properties`` for engine integrations (ASE, torch-sim):
     builds the adapter's native input and runs the padded model (``pad=True``),

@@ -672,6 +672,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     _check_fits(adapter, model, atoms)
 
     from ddpad import TightPolicy, wrap
+    from ._evaluator import engine_input
 
     loaded = _load_caps(args.caps, adapter.name)  # checked first
     preset = args.caps if loaded is not None else None
@@ -683,7 +684,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     wrapped = wrap(model, adapter, caps=preset, compile_cache=args.compile_cache, backend=args.backend,
                    on_recompile="ignore", warm_ladder=args.ladder, cap_policy=policy,
                    compile_mode="aot" if args.aot else "dynamo")
-    data = adapter.build_input(model, atoms)
+    data = engine_input(adapter, model, atoms)  # as the run's calculator builds it
     print(f"ddpad precompile {adapter.name}: {what}, device {device}, {dtype}, store {args.compile_cache}")
     t0 = time.perf_counter()
     wrapped(data, **adapter.call_options(False))
@@ -703,11 +704,12 @@ def _precompile_packages(args: argparse.Namespace, adapter: Any, model: Any, wha
                          caps: dict[str, int] | None, device: str, dtype: Any) -> int:
     """``ddpad precompile --aot``: the caps' and rungs' packages, each built in
     its own worker process (``--workers`` at once)."""
+    from ._evaluator import engine_input
     from ._prebuild import prebuild_packages
 
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be >= 1, got {args.workers}")
-    data = adapter.build_input(model, atoms)
+    data = engine_input(adapter, model, atoms)  # as the run's calculator builds it
     print(f"ddpad precompile --aot {adapter.name}: {what}, device {device}, {dtype}, store {args.compile_cache}; "
           f"{args.ladder} rung(s), packages built in worker processes", flush=True)
     built = prebuild_packages(model, adapter, data, store=args.compile_cache, rungs=args.ladder,
