@@ -42,9 +42,10 @@ class Adapter:
     tensor_input
         Optional ``model -> (Structures -> native input)``: the native input
         built from tensors on their device (:class:`ddpad.Structures`), for
-        engines that hold tensors (torch-sim). Made once per model (state
-        per composition lives in the returned function). Without it, such
-        engines convert to ``ase.Atoms`` and use ``build_input``.
+        the engines (the ASE calculator, torch-sim). Made once per model
+        (state per composition lives in the returned function); an
+        ``ImportError`` when it is made (a missing neighbour list) sends the
+        engines to ``build_input``, as they go without it.
     install_hint
         The pip command that installs the model package. A built-in
         adapter's comes from its registry entry (``ddpad.adapters._registry``),

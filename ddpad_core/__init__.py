@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and readers
     from ._stats import CapEvent, Stats
     from ._store import CompileStore, default_store_dir, model_fingerprint
     from ._strict import RecompileError
-    from ._structures import Composition, Structures, neighbor_list
+    from ._structures import Composition, NeighborList, Structures
     from ._wrap import resolve_adapter, wrap
 
 # public name -> the module that defines it
@@ -65,7 +65,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(('CapEvent', 'Stats'), "._stats"),
     **dict.fromkeys(('CompileStore', 'default_store_dir', 'model_fingerprint'), "._store"),
     "RecompileError": "._strict",
-    **dict.fromkeys(('Composition', 'Structures', 'neighbor_list'), "._structures"),
+    **dict.fromkeys(('Composition', 'NeighborList', 'Structures'), "._structures"),
     **dict.fromkeys(('resolve_adapter', 'wrap'), "._wrap"),
 }
 
@@ -89,6 +89,7 @@ __all__ = [
     "GatherMeta",
     "GraphPadder",
     "HaloMeta",
+    "NeighborList",
     "PaddedModel",
     "PadderBase",
     "RecompileError",
@@ -109,7 +110,6 @@ __all__ = [
     "derive_ceilings",
     "load_caps",
     "model_fingerprint",
-    "neighbor_list",
     "record_resolutions",
     "resolve_adapter",
     "resolve_cap",

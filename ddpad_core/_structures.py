@@ -1,6 +1,6 @@
 """Structures as tensors: the input every engine has (positions, atomic
 numbers, cells, periodicity, the system of each atom), checked once per
-composition, and a neighbour list computed on the tensors' device.
+composition, and a neighbour list computed on the tensors' device (:class:`NeighborList`).
 
 An adapter's ``tensor_input`` turns a :class:`Structures` into the model's
 native input without leaving the device: no ``ase.Atoms``, no CPU pipeline.
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ._version import install_command
 
-__all__ = ["Composition", "Structures", "neighbor_list"]
+__all__ = ["Composition", "NeighborList", "Structures"]
 
 
 @dataclass
@@ -183,46 +183,59 @@ def _system_of(atom: int, ranges: list[tuple[int, int]]) -> int:
     return next(i for i, (lo, hi) in enumerate(ranges) if lo <= atom < hi)
 
 
-def _vesin() -> Any:
-    try:
-        from vesin_torch import NeighborList
-    except ImportError:
-        try:
-            from vesin.torch import NeighborList
-        except ImportError as exc:
-            raise ImportError(f"ddpad's tensor input path needs vesin-torch: {install_command('torchsim')}") from exc
-    return NeighborList
+class NeighborList:
+    """Every ordered pair closer than ``cutoff``, on the structures' device,
+    by vesin-torch (imported when this is made: an ``ImportError`` naming the
+    package then, not at the first step). One vesin call per system; vesin
+    inverts the box even when nothing is periodic, so a non-periodic system
+    gets a unit box.
 
+    Parameters
+    ----------
+    cutoff
+        The model's cutoff radius.
 
-def neighbor_list(structures: Structures, composition: Composition, cutoff: float,
-                  ) -> tuple[Tensor, Tensor, Tensor]:
-    """Every ordered pair closer than ``cutoff``, on the structures' device
-    (vesin-torch, one call per system; vesin inverts the box even when
-    nothing is periodic, so a non-periodic system gets a unit box).
-
-    Returns
-    -------
-    edge_index
-        ``[2, E]`` (sender ``i``, receiver ``j``), global atom indices; no
-        atom paired with itself in its own image.
-    unit_shifts
-        ``[E, 3]`` lattice translations (float, the positions' dtype): the
-        pair's vector is ``r_j - r_i + unit_shifts @ cell``.
-    shifts
-        ``[E, 3]`` ``unit_shifts @ cell`` of the pair's system.
+    Raises
+    ------
+    ImportError
+        vesin-torch is not installed.
     """
-    NeighborList = _vesin()
-    calculator = NeighborList(cutoff=float(cutoff), full_list=True)
-    positions, cells = structures.positions.detach(), structures.cells.detach()
-    pairs, units, shifts = [], [], []
-    for index, (lo, hi) in enumerate(composition.ranges):
-        cell = cells[index]
-        box = cell if any(composition.pbc[index]) else torch.eye(3, dtype=cell.dtype, device=cell.device)
-        i, j, unit = calculator.compute(points=positions[lo:hi], box=box, periodic=composition.periodic[index],
-                                        quantities="ijS")
-        unit = unit.to(positions.dtype)
-        pairs.append(torch.stack((i, j)).long() + lo)
-        units.append(unit)
-        shifts.append(unit @ cell)
-    return torch.cat(pairs, dim=1), torch.cat(units), torch.cat(shifts)
 
+    def __init__(self, cutoff: float) -> None:
+        try:
+            from vesin_torch import NeighborList as Vesin
+        except ImportError:
+            try:
+                from vesin.torch import NeighborList as Vesin
+            except ImportError as exc:
+                raise ImportError("ddpad's tensor input path needs vesin-torch (in the mace, sevennet and torchsim "
+                                  f"extras): pip install vesin-torch, or {install_command('torchsim')}") from exc
+        self.cutoff = float(cutoff)
+        self._vesin = Vesin(cutoff=self.cutoff, full_list=True)
+
+    def __call__(self, structures: Structures, composition: Composition) -> tuple[Tensor, Tensor, Tensor]:
+        """The pairs of ``structures`` (whose composition is ``composition``).
+
+        Returns
+        -------
+        edge_index
+            ``[2, E]`` (sender ``i``, receiver ``j``), global atom indices; no
+            atom paired with itself in its own image.
+        unit_shifts
+            ``[E, 3]`` lattice translations (float, the positions' dtype): the
+            pair's vector is ``r_j - r_i + unit_shifts @ cell``.
+        shifts
+            ``[E, 3]`` ``unit_shifts @ cell`` of the pair's system.
+        """
+        positions, cells = structures.positions.detach(), structures.cells.detach()
+        pairs, units, shifts = [], [], []
+        for index, (lo, hi) in enumerate(composition.ranges):
+            cell = cells[index]
+            box = cell if any(composition.pbc[index]) else torch.eye(3, dtype=cell.dtype, device=cell.device)
+            i, j, unit = self._vesin.compute(points=positions[lo:hi], box=box, periodic=composition.periodic[index],
+                                             quantities="ijS")
+            unit = unit.to(positions.dtype)
+            pairs.append(torch.stack((i, j)).long() + lo)
+            units.append(unit)
+            shifts.append(unit @ cell)
+        return torch.cat(pairs, dim=1), torch.cat(units), torch.cat(shifts)

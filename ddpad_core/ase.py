@@ -54,10 +54,11 @@ class Calculator(_AseCalculator):
         Options passed on every model call.
     tensor_input
         Build the model's input from the atoms' arrays as tensors on the
-        model's device (the adapter's ``tensor_input``: MACE, SevenNet, UMA; the
-        numbers tensor is reused while the atoms stay the same), not through
-        the adapter's ASE pipeline (``False``: the pipeline, the reference;
-        adapters without ``tensor_input`` always use it).
+        model's device (the adapter's ``tensor_input``: MACE, SevenNet, UMA;
+        the numbers tensor is reused while the atoms stay the same), not
+        through the adapter's ASE pipeline. ``None``: where the adapter has
+        one and its neighbour list (vesin-torch) is installed; ``True``: an
+        error if it cannot; ``False``: the pipeline (the reference).
     **wrap_kwargs
         Passed to :func:`ddpad.wrap` (``backend``, ``caps``, ``on_recompile`` ...).
 
@@ -77,14 +78,15 @@ class Calculator(_AseCalculator):
         compile: bool = True,
         pad: bool = True,
         call_kwargs: dict[str, Any] | None = None,
-        tensor_input: bool = True,
+        tensor_input: bool | None = None,
         **wrap_kwargs: Any,
     ) -> None:
         super().__init__()
-        self.evaluate = Evaluator(model, adapter, pad=pad, compile=compile, **wrap_kwargs)
+        self.evaluate = Evaluator(model, adapter, pad=pad, compile=compile, tensor_input=tensor_input,
+                                  **wrap_kwargs)
         self.wrapped: PaddedModel | None = self.evaluate.wrapped
         self.call_kwargs = dict(call_kwargs or {})
-        self.tensor_input = tensor_input and self.evaluate.takes_tensors
+        self.tensor_input = self.evaluate.takes_tensors
         self._device = next(model.parameters()).device
         self._composition: tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor] | None = None
 

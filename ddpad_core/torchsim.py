@@ -55,6 +55,11 @@ class Model(ModelInterface):
         the reference) or compiled (what ddpad is measured against).
     compile
         Compile the model.
+    tensor_input
+        Build the model's input from the state's tensors (see Notes).
+        ``None``: where the adapter has a ``tensor_input`` and its neighbour
+        list (vesin-torch, in the ``torchsim`` extra) is installed; ``True``:
+        an error if it cannot; ``False``: through ``ase.Atoms``.
     **wrap_kwargs
         Passed to :func:`ddpad.wrap` (``backend``, ``caps``, ``on_recompile`` ...).
         ``compile_cache`` defaults to ddpad's compile store
@@ -80,12 +85,14 @@ class Model(ModelInterface):
         compute_stress: bool = False,
         pad: bool = True,
         compile: bool = True,
+        tensor_input: bool | None = None,
         **wrap_kwargs: Any,
     ) -> None:
         super().__init__()
         if pad and compile:
             wrap_kwargs.setdefault("compile_cache", default_store_dir())
-        self.evaluate = Evaluator(model, adapter, pad=pad, compile=compile, **wrap_kwargs)
+        self.evaluate = Evaluator(model, adapter, pad=pad, compile=compile, tensor_input=tensor_input,
+                                  **wrap_kwargs)
         self.wrapped: PaddedModel | None = self.evaluate.wrapped
         param = next(model.parameters())
         self._device = param.device

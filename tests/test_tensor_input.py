@@ -6,6 +6,7 @@ its package is installed (the mace and sevennet sessions)."""
 from __future__ import annotations
 
 import collections
+import sys
 import traceback
 from typing import Any
 
@@ -102,7 +103,8 @@ def test_same_numbers_as_the_adapters_pipeline(adapter_model: Any, case: str) ->
     atoms = CASES[case]()
     reference = adapter.build_input(model, atoms)
     data = adapter.tensor_input(model)(Structures.from_atoms(atoms))
-    assert fields(data) == fields(reference)
+    want = fields(reference)
+    assert fields(data) == {k: want[k] for k in data.keys()}  # (mace's pipeline adds label fields)
     assert edges(data) == edges(reference)
     evaluate = Evaluator(model, adapter, pad=False, compile=False)
     want, got = evaluate(atoms, stress=True), evaluate(Structures.from_atoms(atoms), stress=True)
@@ -228,3 +230,23 @@ def test_ase_calculator_takes_the_tensor_path(adapter_model: Any) -> None:
             assert atoms.calc.structures(atoms).numbers is numbers  # the composition's tensors, reused
     for got, want, name in zip(runs[True], runs[False], ("energies", "forces", "stress")):
         close(got, want, tol, name)
+
+
+def test_without_vesin_the_engines_use_the_pipeline(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mace-torch installed without vesin-torch (``pip install ddpad mace-torch``):
+    the ASE calculator runs through mace's pipeline, as before the tensor
+    path; asking for the tensor path is one error naming what to install
+    (before: every calculator call raised ImportError)."""
+    from ddpad.ase import Calculator
+
+    monkeypatch.setitem(sys.modules, "vesin_torch", None)  # import fails
+    monkeypatch.setitem(sys.modules, "vesin.torch", None)
+    atoms = crystal((1, 1, 1), 4)
+    atoms.calc = Calculator(model, "mace", compile=False)
+    assert atoms.calc.tensor_input is False
+    want = Evaluator(model, "mace", pad=False, compile=False, tensor_input=False)(atoms)["energy"]
+    close(atoms.get_potential_energy(), float(want.detach().sum()), 1e-10, "energy")
+    with pytest.raises(ImportError, match="pip install vesin-torch"):
+        Calculator(model, "mace", compile=False, tensor_input=True)
+    with pytest.raises(ValueError, match="has no tensor_input"):
+        Evaluator(model, "toy", compile=False, tensor_input=True)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from ddpad import Composition, COOPadder, Fill, Structures, neighbor_list
+from ddpad import Composition, COOPadder, Fill, NeighborList, Structures
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon
 from torch import Tensor
 
@@ -175,6 +175,7 @@ def tensor_input(model: torch.nn.Module, *, head: str | None = None) -> Any:
     head_index = heads.index(head) if head is not None else 0
     cutoff = _cutoff(model)
     dtype = next(model.parameters()).dtype
+    pairs = NeighborList(cutoff)  # (vesin-torch: an ImportError here, not at the first step)
     state: dict[str, Any] = {}
 
     def build(structures: Structures) -> dict[str, Tensor]:
@@ -189,7 +190,7 @@ def tensor_input(model: torch.nn.Module, *, head: str | None = None) -> Any:
                 head=torch.full((composition.n_systems,), head_index, dtype=torch.long, device=device),
                 pbc=torch.tensor(composition.pbc, dtype=torch.bool, device=device),
             )
-        edge_index, unit_shifts, shifts = neighbor_list(structures, composition, cutoff)
+        edge_index, unit_shifts, shifts = pairs(structures, composition)
         positions = structures.positions.to(dtype)
         cell = structures.cells.to(dtype)
         if not all(all(p) for p in composition.pbc):  # as mace's get_neighborhood: a box around the atoms

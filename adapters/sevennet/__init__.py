@@ -46,7 +46,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from ddpad import Composition, COOPadder, Fill, Structures, neighbor_list
+from ddpad import Composition, COOPadder, Fill, NeighborList, Structures
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon, voigt_to_full
 from torch import Tensor
 
@@ -203,6 +203,7 @@ def tensor_input(model: torch.nn.Module) -> Any:
     known = frozenset(_type_map(model))
     cutoff = _cutoff(model)
     dtype = next(model.parameters()).dtype
+    pairs = NeighborList(cutoff)  # (vesin-torch: an ImportError here, not at the first step)
     state: dict[str, Any] = {}
 
     def build(structures: Structures) -> dict[str, Tensor]:
@@ -210,7 +211,7 @@ def tensor_input(model: torch.nn.Module) -> Any:
         if composition is not state.get("composition"):
             state.update(composition=composition, numbers=structures.numbers.long(),
                          num_atoms=composition.ptr.diff())
-        edge_index, _, shifts = neighbor_list(structures, composition, cutoff)
+        edge_index, _, shifts = pairs(structures, composition)
         positions = structures.positions.detach()
         edge_vec = positions[edge_index[1]] - positions[edge_index[0]] + shifts
         numbers = state["numbers"]
