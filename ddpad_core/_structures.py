@@ -208,8 +208,9 @@ class NeighborList:
             try:
                 from vesin.torch import NeighborList as Vesin
             except ImportError as exc:
-                raise ImportError("ddpad's tensor input path needs vesin-torch (in the mace, sevennet and torchsim "
-                                  f"extras): pip install vesin-torch, or {install_command('torchsim')}") from exc
+                raise ImportError("ddpad's tensor input path needs vesin-torch (in the mace, sevennet, nequip, "
+                                  f"allegro and torchsim extras): pip install vesin-torch, or "
+                                  f"{install_command('torchsim')}") from exc
         self.cutoff = float(cutoff)
         self._vesin = Vesin(cutoff=self.cutoff, full_list=True)
 

