@@ -45,6 +45,9 @@ ONE_THREAD = (("OMP_NUM_THREADS", "1"),)
 COLD = (*ONE_THREAD, ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1"))
 
 
+INPUT_ADAPTERS = ("mace", "sevennet", "nequip", "uma")  # tensor_input against the pipeline (input_build.py)
+
+
 @dataclass(frozen=True)
 class Measurement:
     """One ``ddpad bench`` run (or one script's, ``script``): its report is ``results/NAME.json``."""
@@ -80,6 +83,8 @@ MEASUREMENTS = (
       for engine, kind, adapter, modules in (("torchsim", "one", "mace", ("torch_sim",)),
                                              ("torchsim", "batch", "mace", ("torch_sim",)),
                                              ("ase", "one", "mace", ()), ("ase", "one", "sevennet", ()))),
+    *(Measurement(f"input-{a}", a, (a,), (a, "--calls", "3"), script="input_build.py", modules=("vesin_torch",))
+      for a in INPUT_ADAPTERS),
 )
 
 
@@ -316,6 +321,19 @@ def engines_section(docs: list[dict[str, Any]]) -> str:
         *(_made_by(doc) for doc in docs)])
 
 
+def input_section(docs: list[dict[str, Any]]) -> str:
+    rows = [[doc["report"]["adapter"], f"{row['atoms']:,}", f"{row['pipeline_ms']:.1f}", f"{row['tensor_ms']:.2f}",
+             f"**{row['speedup']:.1f}x**"] for doc in docs for row in doc["report"]["rows"]]
+    return "\n\n".join([
+        "Building the model's input for one step (`python benchmarks/input_build.py ADAPTER`): the adapter's ASE "
+        "pipeline (the package's data pipeline and CPU neighbour list) against its tensor path (a "
+        "`ddpad.Structures` whose positions moved: the composition checked once, the neighbour list by "
+        "vesin-torch, here on the CPU), on rattled diamond-carbon supercells, the median of alternating calls in "
+        "one process.",
+        _table(["adapter", "atoms", "pipeline ms", "tensor ms", "faster by"], rows),
+        *(_made_by(doc) for doc in docs)])
+
+
 def _plots(docs: dict[str, dict[str, Any]]) -> None:
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
 
@@ -387,6 +405,9 @@ def render() -> str:
     steady = [docs[n] for n in ("steady-mace", "steady-aimnet2", "steady-uma") if n in docs]
     if steady:
         parts += ["## What padding costs a steady step", steady_section(steady)]
+    inputs = [docs[f"input-{a}"] for a in INPUT_ADAPTERS if f"input-{a}" in docs]
+    if inputs:
+        parts += ["## Building the input: the pipeline and the tensor path", input_section(inputs)]
     engines = [docs[n] for n in ENGINE_RUNS if n in docs]
     if engines:
         parts += ["## Inside the engines", engines_section(engines)]
