@@ -3,7 +3,9 @@
 Requires ``torch-sim-atomistic``. Tested with 0.3.0, the release that
 installs on Python 3.11. The current release (0.6.2, Python >= 3.12) keeps
 the members used here (``ModelInterface`` with ``_device``, ``_dtype``,
-``_compute_forces``, ``_compute_stress`` and ``forward(state)``;
+``_compute_forces``, ``_compute_stress`` and ``forward(state)``; the
+state's ``positions``, ``atomic_numbers``, ``row_vector_cell``, ``pbc`` (a
+``[3]`` tensor there, a bool in 0.3.0: both taken) and ``system_idx``;
 ``io.state_to_atoms(state)``): read from its wheel, not run here::
 
     import torch_sim as ts

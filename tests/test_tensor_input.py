@@ -272,3 +272,16 @@ def test_nequip_per_edge_type_cutoffs_prune_as_nequip_does() -> None:
     want, got = evaluate(atoms), evaluate(Structures.from_atoms(atoms))
     for key in ("energy", "forces"):
         close(got[key], want[key], 1e-10, key)
+
+
+@pytest.mark.parametrize("pbc", [True, torch.tensor([True, True, True]), torch.tensor([[True] * 3, [True] * 3])],
+                         ids=["bool (torch-sim 0.3)", "[3] (torch-sim 0.6)", "[S, 3]"])
+def test_every_pbc_form_an_engine_passes(pbc: Any) -> None:
+    from ddpad import Composition
+
+    s = Structures.from_atoms([crystal((1, 1, 1), 0), crystal((1, 1, 1), 1)])
+    s.pbc = pbc
+    assert Composition(s).pbc == [(True, True, True)] * 2
+    s.pbc = torch.tensor([True, False])
+    with pytest.raises(ValueError, match="pbc must be a bool, \\[3\\] or \\[S, 3\\]"):
+        Composition(s)
