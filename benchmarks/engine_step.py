@@ -2,8 +2,8 @@
 
 ``python benchmarks/engine_step.py {torchsim,ase} {one,batch} [--adapter mace] [--blocks 8] [--steps 10] [--backend inductor] [--json FILE]``
 
-One process, one random model (MACE in float64, SevenNet in float32, its
-only dtype), Langevin dynamics at 600 K, 1 fs. ``one`` is a 64-atom diamond
+One process, one random model (MACE in float64, SevenNet and Orb in
+float32: SevenNet's only dtype, Orb's calculator's default), Langevin dynamics at 600 K, 1 fs. ``one`` is a 64-atom diamond
 cell, ``batch`` four rattled crystals of different sizes (376 atoms) in one
 state (torch-sim only).
 
@@ -15,7 +15,7 @@ state (torch-sim only).
   tensor input path), ``ddpad (ASE pipeline)`` the same with
   ``tensor_input=False`` (the adapter's pipeline: the package's data pipeline
   and CPU neighbour list), the baseline the package's own eager calculator
-  (``MACECalculator``, ``SevenNetCalculator``).
+  (``MACECalculator``, ``SevenNetCalculator``, ``ORBCalculator``).
 
 The baselines get their own copies of the model (the packages' wrappers set
 flags on the model they are given).
@@ -61,6 +61,9 @@ def _torchsim_baseline(adapter: str, model: Any) -> tuple[str, Any]:
         from torch_sim.models.mace import MaceModel
 
         return "torch-sim MaceModel", MaceModel(copy.deepcopy(model), device=device, dtype=dtype)
+    if adapter == "orb":  # torch-sim 0.3.0's OrbModel imports a module orb-models 0.5 does not have
+        raise SystemExit("engine_step.py: torch-sim's OrbModel does not load here: it imports "
+                         "orb_models.forcefield.graph_regressor, which orb-models 0.5.5 does not have")
     from torch_sim.models.sevennet import SevenNetModel
 
     try:  # torch-sim 0.3.0's wrapper imports names sevenn 0.13 no longer has (it fails when built)
@@ -74,6 +77,10 @@ def _ase_baseline(adapter: str, model: Any) -> tuple[str, Any]:
         from mace.calculators import MACECalculator
 
         return "MACECalculator", MACECalculator(models=copy.deepcopy(model), device="cpu", default_dtype="float64")
+    if adapter == "orb":
+        from orb_models.forcefield.calculator import ORBCalculator
+
+        return "ORBCalculator", ORBCalculator(copy.deepcopy(model), device="cpu")
     from sevenn.calculator import SevenNetCalculator
 
     return "SevenNetCalculator", SevenNetCalculator(copy.deepcopy(model), device="cpu")
@@ -133,7 +140,7 @@ def _ase(adapter: str, model: Any, kind: str, backend: str, store: str,
 
 
 ENGINES = {"torchsim": _torchsim, "ase": _ase}
-ADAPTERS = ("mace", "sevennet")
+ADAPTERS = ("mace", "sevennet", "orb")
 
 
 def measure(engine: str, kind: str, blocks: int, steps: int, backend: str, adapter: str = "mace",
@@ -169,6 +176,7 @@ def measure(engine: str, kind: str, blocks: int, steps: int, backend: str, adapt
         "threads": torch.get_num_threads(), "blocks": blocks, "steps_per_block": steps, "baseline": baseline,
         "variants": variants, "ddpad_first_call_s": first_call, "caps": dict(wrapped.caps),
         "graphs": wrapped.stats.graphs, "growths": len(wrapped.stats.growths),
+        "disagreements": wrapped.stats.disagreements,
     }
 
 
@@ -184,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     row = measure(args.engine, args.kind, args.blocks, args.steps, args.backend, args.adapter)
     print(f"{row['adapter']} in {row['engine']}, {row['atoms']} atoms in {row['systems']} system(s), {row['threads']} thread(s); "
-          f"caps {row['caps']}, {row['graphs']} graph(s), {row['growths']} growth(s):")
+          f"caps {row['caps']}, {row['graphs']} graph(s), {row['growths']} growth(s), "
+          f"{row['disagreements']} compiled graph(s) disagreeing with eager (run eager):")
     for name, v in row["variants"].items():
         print(f"  {name:<22} {v['ms']:8.1f} ms/step  x{v['ratio_median']:.2f} "
               f"({v['ratio_min']:.2f}-{v['ratio_max']:.2f}) of {row['baseline']}")

@@ -71,9 +71,9 @@ class Model(ModelInterface):
 
     Notes
     -----
-    Where the adapter has a ``tensor_input`` (MACE, SevenNet, UMA, NequIP,
-    Allegro), each step builds the model's input from the state's tensors on
-    their device (neighbour list by vesin-torch); no ``ase.Atoms``. Otherwise each step converts the state
+    Where the adapter has a ``tensor_input`` (all but AIMNet2 and MatterSim),
+    each step builds the model's input from the state's tensors on their
+    device; no ``ase.Atoms``. Otherwise each step converts the state
     to ``ase.Atoms`` and builds the input with the adapter's own pipeline, on
     the CPU. ``self.wrapped.stats`` has the compiled graphs, growths and fill.
     """

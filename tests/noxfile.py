@@ -210,7 +210,8 @@ def allegro(session: nox.Session) -> None:
 @_session
 def orb(session: nox.Session) -> None:
     """The Orb adapter against orb-models, torch-sim included."""
-    _adapter_session(session, "orb,torchsim", "tests/test_orb.py", "tests/test_docs.py", *INSTALLED_REGISTRY)
+    _adapter_session(session, "orb,torchsim", "tests/test_orb.py", "tests/test_tensor_input.py", "tests/test_docs.py",
+                     *INSTALLED_REGISTRY)
 
 
 @_session

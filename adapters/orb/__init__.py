@@ -52,13 +52,13 @@ import inspect
 from typing import Any
 
 import torch
-from ddpad import COOPadder, Fill
+from ddpad import Composition, COOPadder, Fill, Structures
 from ddpad.adapters._common import builtin_adapter, diamond_carbon, voigt_to_full
 from torch import Tensor
 
 __all__ = [
     "ADAPTER", "OrbPadder", "OrbPredict", "build_input", "default_system", "load_model", "make_padder",
-    "prepare_model", "properties", "random_model",
+    "prepare_model", "properties", "random_model", "tensor_input",
 ]
 
 # fills of the dead rows, by feature dict; unlisted tensors get 0
@@ -378,6 +378,86 @@ def build_input(
     return batch.to(device if device is not None else param.device)
 
 
+def _cellpar(cell: Tensor) -> Tensor:
+    """``[6]`` lengths and angles (degrees) of ``cell``'s rows, as ASE's
+    ``cell_to_cellpar`` (90 where a vector has no length)."""
+    lengths = cell.norm(dim=1)
+    angles = []
+    for j, k in ((2, 1), (0, 2), (1, 0)):  # alpha (b, c), beta (a, c), gamma (a, b), as ASE pairs them
+        ll = lengths[j] * lengths[k]
+        cosine = (cell[j] @ cell[k]) / torch.where(ll > 1e-16, ll, 1.0)
+        angles.append(torch.where(ll > 1e-16, torch.rad2deg(torch.arccos(cosine)), 90.0))
+    return torch.cat([lengths, torch.stack(angles)])
+
+
+def tensor_input(model: torch.nn.Module, *, edge_method: Any = None,
+                 max_num_neighbors: int | None = None) -> Any:
+    """``Structures -> orb's AtomGraphs batch`` on the structures' device, as
+    :func:`build_input` makes it (``ase_atoms_to_atom_graphs`` then
+    ``batch_graphs``): positions wrapped into periodic cells, the one-hot
+    embedding, lattice parameters, and each system's graph from orb's own
+    ``compute_pbc_radius_graph`` (its nearest ``max_num_neighbors`` within the
+    radius). ``edge_method=None`` is orb's choice for the tensors' device, as
+    its calculator makes it: scipy's k-d tree on the CPU (the pipeline's
+    graph, exactly), brute force on a GPU (equal distances, such as a
+    small cell's own images, may then pick another of the tied neighbours).
+    Per composition the atom fields and the checks; per step the positions,
+    cells and graphs."""
+    from orb_models.forcefield import featurization_utilities as feat_util
+    from orb_models.forcefield.base import AtomGraphs
+
+    batch_graphs, _ = _featurisation()
+    inner = model.model if isinstance(model, OrbPredict) else model
+    dtype = next(inner.parameters()).dtype
+    config = inner.system_config
+    neighbours = max_num_neighbors or config.max_num_neighbors
+    state: dict[str, Any] = {}
+
+    def build(structures: Structures) -> Any:
+        composition = Composition.of(structures, state.get("composition"), frozenset(range(1, 118)))
+        device = structures.positions.device
+        if composition is not state.get("composition"):
+            mixed = [i for i, pbc in enumerate(composition.pbc) if len(set(pbc)) > 1]
+            if mixed:  # as ase_atoms_to_atom_graphs
+                raise ValueError(f"ddpad: system(s) {mixed} are periodic along some axes only; orb takes periodic "
+                                 "or non-periodic systems (pad a slab with vacuum and make it periodic)")
+            numbers = structures.numbers.long()
+            state.update(composition=composition, systems=[{
+                "atomic_numbers": numbers[lo:hi],
+                "atomic_numbers_embedding": torch.nn.functional.one_hot(numbers[lo:hi], 118).to(dtype),
+                "atom_identity": torch.arange(hi - lo, device=device),
+                "pbc": torch.tensor(pbc, dtype=torch.bool, device=device),
+            } for (lo, hi), pbc in zip(composition.ranges, composition.pbc)])
+        graphs = []
+        for (lo, hi), periodic, atom in zip(composition.ranges, composition.pbc, state["systems"]):
+            index = len(graphs)
+            cell = structures.cells[index].detach().double()
+            positions = structures.positions[lo:hi].detach().double()
+            if any(periodic):  # (a periodic cell has a volume: Composition checked it)
+                positions = feat_util.map_to_pbc_cell(positions, cell)
+            edge_index, vectors, unit_shifts = feat_util.compute_pbc_radius_graph(
+                positions=positions, cell=cell, pbc=atom["pbc"], radius=config.radius,
+                max_number_neighbors=neighbours, edge_method=edge_method, device=device,
+                float_dtype=torch.get_default_dtype())  # (the pipeline's graph dtype)
+            graphs.append(AtomGraphs(
+                senders=edge_index[0], receivers=edge_index[1],
+                n_node=torch.tensor([hi - lo], device=device),
+                n_edge=torch.tensor([edge_index.shape[1]], device=device),
+                node_features={"positions": positions, "atomic_numbers": atom["atomic_numbers"],
+                               "atomic_numbers_embedding": atom["atomic_numbers_embedding"],
+                               "atom_identity": atom["atom_identity"]},
+                edge_features={"vectors": vectors, "unit_shifts": unit_shifts},
+                system_features={"cell": cell.unsqueeze(0), "pbc": atom["pbc"].unsqueeze(0),
+                                 "lattice": _cellpar(cell).unsqueeze(0)},
+                node_targets={}, edge_targets={}, system_targets={}, fix_atoms=None,
+                tags=torch.zeros(hi - lo, device=device), radius=config.radius,
+                max_num_neighbors=torch.tensor([neighbours], device=device), system_id=None,
+            ).to(device=device, dtype=dtype))
+        return batch_graphs(graphs) if len(graphs) > 1 else graphs[0]
+
+    return build
+
+
 def _featurisation() -> tuple[Any, Any]:
     """orb's ``batch_graphs`` and ``ase_atoms_to_atom_graphs``."""
     try:
@@ -478,6 +558,7 @@ ADAPTER = builtin_adapter(
     energy_key="energy",
     cutoff=_cutoff,
     build_input=build_input,
+    tensor_input=tensor_input,
     prepare_model=prepare_model,
     call=_step,
     evaluate=_evaluate,
