@@ -47,15 +47,32 @@ def _private_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone() if tensor.requires_grad else tensor.detach().clone()
 
 
+def tensor_builder(adapter: Adapter, model: torch.nn.Module, tensor_input: bool | None = None) -> Any:
+    """The adapter's ``Structures -> native input`` for ``model``, or None
+    for its ASE pipeline. ``tensor_input``: ``None`` where the adapter has one
+    and what it needs is installed (vesin-torch for a neighbour list),
+    ``True`` always (an error naming what is missing), ``False`` never."""
+    if tensor_input is False:
+        return None
+    if adapter.tensor_input is None:
+        if tensor_input:
+            raise ValueError(f"ddpad: adapter {adapter.name!r} has no tensor_input; pass tensor_input=None "
+                             "(its ASE pipeline)")
+        return None
+    try:
+        return adapter.tensor_input(model)
+    except ImportError:
+        if tensor_input:
+            raise
+        return None
+
+
 def engine_input(adapter: Adapter, model: torch.nn.Module, atoms: Any) -> Any:
     """``atoms``' native input as the engines build it: through the adapter's
     ``tensor_input`` on the model's device where it has one, else its ASE
     pipeline. What ``ddpad precompile`` compiles for, so that its graphs and
     packages are the ones a run through the ASE calculator looks up."""
-    try:
-        build = adapter.tensor_input(model) if adapter.tensor_input is not None else None
-    except ImportError:  # (as the calculator: the pipeline when the neighbour list is not installed)
-        build = None
+    build = tensor_builder(adapter, model)
     if build is None:
         return adapter.input_builder(model)(atoms)
     return build(Structures.from_atoms(atoms, device=next(model.parameters()).device))
@@ -69,26 +86,15 @@ class Evaluator:
 
     The input is ``ase.Atoms`` (or a list of them), built by the adapter's
     ``build_input``, or a :class:`~ddpad.Structures`, built on its device by
-    the adapter's ``tensor_input`` (:attr:`takes_tensors`). ``tensor_input``
-    says whether to build that: ``None`` where the adapter has one and what
-    it needs is installed (vesin-torch for a neighbour list), ``True``
-    always (an error naming what is missing), ``False`` never."""
+    the adapter's ``tensor_input`` (:attr:`takes_tensors`; ``tensor_input``
+    says whether to build that, as in :func:`tensor_builder`)."""
 
     def __init__(self, model: torch.nn.Module, adapter: Adapter | str, *, pad: bool = True,
                  compile: bool = True, tensor_input: bool | None = None, **wrap_kwargs: Any) -> None:
         self.adapter = resolve_adapter(adapter)
         self.model = model
         self.build = self.adapter.input_builder(model)
-        self.build_tensors: Any = None
-        if tensor_input is not False and self.adapter.tensor_input is not None:
-            try:
-                self.build_tensors = self.adapter.tensor_input(model)
-            except ImportError:
-                if tensor_input:
-                    raise
-        elif tensor_input:
-            raise ValueError(f"ddpad: adapter {self.adapter.name!r} has no tensor_input; pass tensor_input=None "
-                             "(its ASE pipeline)")
+        self.build_tensors = tensor_builder(self.adapter, model, tensor_input)
         self.wrapped: PaddedModel | None = wrap(model, self.adapter, compile=compile, **wrap_kwargs) if pad else None
         compile_kwargs = WrapOptions.split(wrap_kwargs)[1]
         self.unpadded = UnpaddedCompiled(model, self.adapter, **compile_kwargs) if compile and not pad else None

@@ -56,9 +56,10 @@ class Calculator(_AseCalculator):
         Build the model's input from the atoms' arrays as tensors on the
         model's device (the adapter's ``tensor_input``: all but AIMNet2 and
         MatterSim; the numbers tensor is reused while the atoms stay the
-        same), not through the adapter's ASE pipeline. ``None``: where the adapter has
-        one and its neighbour list (vesin-torch) is installed; ``True``: an
-        error if it cannot; ``False``: the pipeline (the reference).
+        same), not through the adapter's ASE pipeline. ``None``: where the
+        adapter has one and its neighbour list (vesin-torch) is installed;
+        ``True``: an error if it cannot; ``False``: the pipeline (the
+        reference).
     **wrap_kwargs
         Passed to :func:`ddpad.wrap` (``backend``, ``caps``, ``on_recompile`` ...).
 
