@@ -45,6 +45,8 @@ ONE_THREAD = (("OMP_NUM_THREADS", "1"),)
 COLD = (*ONE_THREAD, ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1"))
 
 
+# the package's steady step beside torch.compile's at the same caps (ddpad bench --steady --package)
+PACKAGE_ADAPTERS = ("mace", "nequip", "allegro", "orb", "sevennet", "mattersim", "aimnet2", "uma")
 INPUT_ADAPTERS = ("mace", "sevennet", "nequip", "uma")  # tensor_input against the pipeline (input_build.py)
 
 
@@ -76,6 +78,7 @@ MEASUREMENTS = (
                 ("mace", "--steps", "30", "--variants", "eager,compile-dynamic,ddpad,ddpad-tight"), COLD),
     *(Measurement(f"steady-{a}", a, (a, "--steady"), env=COLD) for a in ("mace", "aimnet2", "uma")),
     *(Measurement(f"first-call-{a}", a, (a, "--first-call")) for a in ADAPTERS),
+    *(Measurement(f"package-{a}", a, (a, "--steady", "--package")) for a in PACKAGE_ADAPTERS),
     Measurement("growing-toy", "toy", ("toy", "--compile-store", "--steps", "200", "--aot-ladder")),
     *(Measurement(f"{engine}-{kind}" + ("" if adapter == "mace" else f"-{adapter}"), adapter,
                   (engine, kind, "--adapter", adapter), (engine, kind, "--adapter", adapter, "--blocks", "4"),
@@ -238,6 +241,25 @@ def steady_section(docs: list[dict[str, Any]]) -> str:
         "`cap_policy=\"tight\"` fitted to the ten frames; fill is the lowest key's real rows over its cap.",
         _table(["model, system", "head room: fill", "head room / unpadded", "tight: fill", "tight / unpadded",
                 "tight / eager", "unpadded ms"], rows),
+        *(_made_by(doc) for doc in docs)])
+
+
+def package_section(docs: list[dict[str, Any]]) -> str:
+    rows = []
+    for doc in docs:
+        r = doc["report"]
+        v = r["variants"]
+        route = v["package"].get("route", "package")
+        ratio = f"**{v['package']['median_ms'] / v['tight']['median_ms']:.3f}**" if route == "package" else "-"
+        rows.append([f"{r['adapter']}, {r['atoms'][-1]} atoms", f"{v['tight']['median_ms']:.2f}",
+                     f"{v['package']['median_ms']:.2f}", ratio,
+                     "package" if route == "package" else f"falls back: {route}"])
+    return "\n\n".join([
+        "A steady step through the ahead-of-time package against `torch.compile` (Inductor) at the same tight "
+        "caps, alternated call by call on one frame in one process (`ddpad bench ADAPTER --steady --package`; "
+        "the package is built before the timing). Where the route falls back, the package row runs "
+        "`torch.compile` too and the reason is given.",
+        _table(["model, system", "torch.compile ms", "package ms", "package / torch.compile", "route"], rows),
         *(_made_by(doc) for doc in docs)])
 
 
@@ -410,6 +432,9 @@ def render() -> str:
     steady = [docs[n] for n in ("steady-mace", "steady-aimnet2", "steady-uma") if n in docs]
     if steady:
         parts += ["## What padding costs a steady step", steady_section(steady)]
+    packages = [docs[f"package-{a}"] for a in PACKAGE_ADAPTERS if f"package-{a}" in docs]
+    if packages:
+        parts += ["## The package's steady step", package_section(packages)]
     inputs = [docs[f"input-{a}"] for a in INPUT_ADAPTERS if f"input-{a}" in docs]
     if inputs:
         parts += ["## Building the input: the pipeline and the tensor path", input_section(inputs)]

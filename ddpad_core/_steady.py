@@ -11,12 +11,16 @@ calls made side by side):
 - ``headroom``: ddpad at the padders' own caps (first sight of the stretch);
 - ``tight``: ddpad at the caps ``cap_policy="tight"`` fitted to the stretch;
 - ``tight:KEY`` (``per_key``): the head-room caps with only ``KEY`` fitted,
-  to tell, say, a dense padder's rows from its neighbour columns.
+  to tell, say, a dense padder's rows from its neighbour columns;
+- ``package`` (``package``): the tight caps through the ahead-of-time
+  package (``compile_mode="aot"``, built in a temporary store before the
+  timing), against ``tight``, ``torch.compile`` at the same caps.
 """
 
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +42,7 @@ def _caps_after(adapter: Any, model: torch.nn.Module, inputs: list[Any], policy:
 
 
 def steady_table(adapter: Any, model: torch.nn.Module, structures: list[Any], *, backend: str = "inductor",
-                 rounds: int = 5, calls: int = 10, per_key: bool = False,
+                 rounds: int = 5, calls: int = 10, per_key: bool = False, package: bool = False,
                  call_kwargs: dict[str, Any] | None = None,
                  on_variant: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Median step of each variant on the last of ``structures``, and its
@@ -46,7 +50,18 @@ def steady_table(adapter: Any, model: torch.nn.Module, structures: list[Any], *,
 
     The head-room caps are those of the first structure, the tight ones
     fitted over all of them (``TightPolicy(settle=len(structures))``).
+    With ``package``, the ``package`` row's ``route`` says whether the
+    package ran (``"package"``) or the route fell back (its reason).
     """
+    with tempfile.TemporaryDirectory(prefix="ddpad-steady-") as store:
+        return _steady_table(adapter, model, structures, backend=backend, rounds=rounds, calls=calls,
+                             per_key=per_key, package=store if package else None, call_kwargs=call_kwargs,
+                             on_variant=on_variant)
+
+
+def _steady_table(adapter: Any, model: torch.nn.Module, structures: list[Any], *, backend: str, rounds: int,
+                  calls: int, per_key: bool, package: str | None, call_kwargs: dict[str, Any] | None,
+                  on_variant: Callable[[str], None] | None) -> dict[str, Any]:
     kwargs = dict(call_kwargs or {})
     device = next(model.parameters()).device
     build = adapter.input_builder(model)
@@ -66,6 +81,12 @@ def steady_table(adapter: Any, model: torch.nn.Module, structures: list[Any], *,
         padded = wrap(model, adapter, backend=backend, caps=preset, cap_policy="headroom", on_recompile="ignore")
         steps[name] = lambda padded=padded: padded(target, **kwargs)
         padded_models[name] = padded
+    if package is not None:  # the tight caps again, through the package route
+        variants["package"] = tight
+        packaged = wrap(model, adapter, backend="inductor", caps=tight, cap_policy="headroom", on_recompile="ignore",
+                        compile_mode="aot", compile_cache=package, aot_build="foreground")
+        steps["package"] = lambda: packaged(target, **kwargs)
+        padded_models["package"] = packaged
     for name, step in steps.items():  # compile (and a first steady call) before any timing
         if on_variant is not None:
             on_variant(name)
@@ -86,6 +107,10 @@ def steady_table(adapter: Any, model: torch.nn.Module, structures: list[Any], *,
                    "vs_eager": median[name] / eager, "caps": variants.get(name),
                    "fill": padded_models[name].stats.mean_fill if name in padded_models else {}}
             for name in steps}
+    if package is not None:
+        packaged = padded_models["package"]
+        refused = packaged.aot.refused if packaged.aot is not None else {(): "the model pads inside its forward"}
+        rows["package"]["route"] = "; ".join(refused.values()) or "package"
     return {"adapter": adapter.name, "device": str(device), "backend": backend, "threads": torch.get_num_threads(),
             "atoms": [len(s) for s in structures], "calls": rounds * calls, "variants": rows}
 
@@ -103,4 +128,6 @@ def format_steady(result: dict[str, Any]) -> str:
         caps = ", ".join(f"{k} {v}" for k, v in sorted((row["caps"] or {}).items())) or "-"
         lines.append(f"{name:<18} {row['median_ms']:10.2f} {row['vs_unpadded']:11.3f} {row['vs_eager']:8.3f}  "
                      f"{fill:<17}  {caps}")
+        if row.get("route", "package") != "package":
+            lines.append(f"{'':<18} (the package route fell back: {row['route']})")
     return "\n".join(lines)

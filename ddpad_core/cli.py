@@ -791,7 +791,7 @@ def _bench_steady(args: argparse.Namespace) -> int:
     structures = fluctuating_trajectory(base, 10, args.rattle, 0.0, seed=args.seed)
     print(f"ddpad bench {adapter.name} --steady: {len(base)} atoms, {what}, device {device}, backend "
           f"{args.backend}, {_threads()} thread(s); variants alternated call by call on one frame", flush=True)
-    result = steady_table(adapter, model, structures, backend=args.backend, per_key=args.per_key,
+    result = steady_table(adapter, model, structures, backend=args.backend, per_key=args.per_key, package=args.package,
                           call_kwargs=adapter.call_options(False),
                           on_variant=lambda name: print(f"compiling / warming {name}…", flush=True))
     print(format_steady(result))
@@ -1065,6 +1065,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--per-key", action="store_true",
                          help="with --steady: also the head-room caps with one key fitted at a time (rows vs "
                               "neighbour columns; default: off)")
+    p_bench.add_argument("--package", action="store_true",
+                         help="with --steady: also the tight caps through the ahead-of-time package, built first "
+                              "(minutes for a real model), against torch.compile at the same caps (default: off)")
     p_bench.add_argument("--compile-store", action="store_true",
                          help="instead: first calls cold / from the store / warm, and a system growing by one "
                               "atom every 5 steps (--steps) with and without background compiles, each in fresh "

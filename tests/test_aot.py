@@ -484,3 +484,22 @@ def test_a_weight_change_builds_the_new_package_in_the_background(tmp_path: path
     _same(again, ref)
     s = wrapped.stats
     assert (s.aot_background, s.aot_loaded, s.aot_compiled, s.aot_refused) == (2, 2, 0, 0)
+
+
+def test_steady_table_times_the_package_beside_torch_compile_at_the_same_caps() -> None:
+    """``ddpad bench --steady --package``: the package row runs the package
+    (not a fallback) at the tight caps ``torch.compile``'s row has."""
+    from ddpad._steady import format_steady, steady_table
+
+    model = toy.ADAPTER.random_model()
+    base = toy.ADAPTER.default_system()
+    structures = []
+    for seed in range(3):
+        atoms = base.copy()
+        atoms.rattle(0.02, seed=seed)
+        structures.append(atoms)
+    result = steady_table(toy.ADAPTER, model, structures, backend="aot_eager", rounds=1, calls=2, package=True)
+    rows = result["variants"]
+    assert rows["package"]["route"] == "package"
+    assert rows["package"]["caps"] == rows["tight"]["caps"]
+    assert "package" in format_steady(result)
