@@ -1,4 +1,4 @@
-"""Print ddpad's per-call host overhead table (``ddpad._overhead``).
+"""Print ddpad's per-call host overhead table (``ddpad._bench.overhead``).
 
 ``python benchmarks/overhead.py [--quick] [--sizes 20 100 ...] [--calls 50]``;
 ``--padders-from PATH`` measures the padders of another ``_padders``
@@ -48,13 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[20, 100, 1000, 10000, 100000])
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--padders", nargs="+", help="names from ddpad._overhead.PADDERS (default: all)")
+    parser.add_argument("--padders", nargs="+", help="names from ddpad._bench.overhead.PADDERS (default: all)")
     parser.add_argument("--padders-from", help="a _padders.py or _padders/ to measure instead of the installed one")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     if args.padders_from:
         _use_padders_from(args.padders_from)
-    from ddpad._overhead import format_table, overhead_table
+    from ddpad._bench.overhead import format_table, overhead_table
 
     rows = overhead_table(args.sizes, args.calls, quick=args.quick, padders=args.padders)
     print(format_table(rows))

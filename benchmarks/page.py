@@ -305,7 +305,7 @@ def first_call_section(docs: list[dict[str, Any]]) -> str:
 
 
 def growing_section(doc: dict[str, Any]) -> str:
-    from ddpad._warmstart import format_growing  # the table ddpad bench prints
+    from ddpad._bench.warmstart import format_growing  # the table ddpad bench prints
 
     r = doc["report"]
     return "\n\n".join([

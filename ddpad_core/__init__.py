@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and readers
     )
     from ._evaluator import Evaluator, UnpaddedCompiled
     from ._memory import derive_ceilings
+    from ._noise import CompileEvent
     from ._padded import PaddedModel
     from ._padders import COOPadder, DenseBatchPadder, DensePadder, Fill, FillSpec, PadderBase
     from ._protocol import GraphPadder
@@ -58,6 +59,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(('DistributedContext', 'GatherMeta', 'HaloMeta', 'NOT_DISTRIBUTED', 'activate_dd_context', 'current_dd_context'), "._context"),
     **dict.fromkeys(('Evaluator', 'UnpaddedCompiled'), "._evaluator"),
     "derive_ceilings": "._memory",
+    "CompileEvent": "._noise",
     "PaddedModel": "._padded",
     **dict.fromkeys(('COOPadder', 'DenseBatchPadder', 'DensePadder', 'Fill', 'FillSpec', 'PadderBase'), "._padders"),
     "GraphPadder": "._protocol",
@@ -78,6 +80,7 @@ __all__ = [
     "CapPolicy",
     "CapResolution",
     "CapacityError",
+    "CompileEvent",
     "CompileStore",
     "Composition",
     "DenseBatchPadder",

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._fs import atomic_write
 
-__all__ = ["caps_fitted", "load_caps", "save_caps"]
+__all__ = ["cached_caps_path", "caps_fitted", "load_caps", "save_caps"]
 
 _CAPS_FORMAT = "ddpad-caps/1"
 
@@ -85,3 +86,15 @@ def save_caps(caps: Mapping[str, int], path: str | os.PathLike[str], **meta: Any
     """
     doc = {"format": _CAPS_FORMAT, "caps": dict(caps), **meta}
     atomic_write(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode(), prefix=".ddpad-caps-")
+
+
+def cached_caps_path(folder: str | os.PathLike[str], adapter: str, fingerprint: str, formula: str,
+                     pbc: Sequence[bool]) -> str:
+    """The caps file under ``folder`` of a model on a system, as ``ddpad run``
+    keeps them between runs: keyed by the model's architecture
+    (``fingerprint``: :func:`ddpad.model_fingerprint`, not its weights), the
+    system's ``formula`` (species and atom count) and periodicity, so runs of
+    other models or systems neither read nor overwrite it."""
+    key = {"model": fingerprint, "formula": formula, "pbc": [bool(p) for p in pbc]}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:12]
+    return os.path.join(os.fspath(folder), f"{adapter}-{formula[:40]}-{digest}.json")

@@ -20,10 +20,11 @@ import re
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 
-__all__ = ["NOISE", "NOTICE_AFTER", "PRINTED", "SILENCE", "CompileNotice", "ignore_noise", "quiet",
+__all__ = ["NOISE", "NOTICE_AFTER", "PRINTED", "SILENCE", "CompileEvent", "CompileNotice", "ignore_noise", "quiet",
            "quiet_warnings"]
 
 #: (message start, category) of warnings model packages raise for reasons
@@ -121,6 +122,28 @@ def _handled(logger: logging.Logger) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class CompileEvent:
+    """What a call that may compile announces, on the INFO records of the
+    ``ddpad`` logger (as their attribute ``ddpad_compile``) when it starts
+    (``phase="start"``) and when it has run (``"done"``): a logging handler
+    is the hook (``ddpad run`` prints its lines from them).
+
+    ``kind``: ``"first"`` (the first call), ``"fitted"``, ``"grew"`` or
+    ``"shrank"`` (the caps changed, ``change`` says how), ``"seam"`` (the
+    first call of a model that pads at its own seam: caps not known
+    before), ``"ladder"`` (the warm ladder's rungs); ``caps``: the caps the
+    call runs at (None where not known before it runs); ``message``: the
+    record's text."""
+
+    phase: str
+    kind: str
+    message: str
+    caps: Mapping[str, int] | None = None
+    change: str | None = None
+    built: str = "graph"  # what may be compiled: "graph" (torch.compile) or "package"
+
+
 class CompileNotice:
     """What a call that may compile says: ``message`` as an INFO record of
     ``logger`` when it starts and, where the application configured no
@@ -129,16 +152,18 @@ class CompileNotice:
     says how it ended, on stderr too where the start was. Inside it the known
     warnings are ignored."""
 
-    def __init__(self, logger: logging.Logger, message: str, after: float | None = None) -> None:
+    def __init__(self, logger: logging.Logger, message: str, after: float | None = None,
+                 event: CompileEvent | None = None) -> None:
         self.logger = logger
         self.message = message
+        self.event = event
         self.shown = False
         self._timer = threading.Timer(NOTICE_AFTER if after is None else after, self._show_start)
         self._timer.daemon = True
         self._warnings = warnings.catch_warnings()
 
     def __enter__(self) -> CompileNotice:
-        self.logger.info("%s", self.message)
+        self.logger.info("%s", self.message, extra=self._extra("start", self.message))
         if not _configured(self.logger):
             self._timer.start()
         self._warnings.__enter__()
@@ -154,6 +179,13 @@ class CompileNotice:
             if self._timer.is_alive():
                 self._timer.join()  # a notice being written ends before the call returns
 
+    def _extra(self, phase: str, message: str) -> dict[str, CompileEvent] | None:
+        """The record's ``ddpad_compile`` attribute (the event, in this phase)."""
+        if self.event is None:
+            return None
+        return {"ddpad_compile": CompileEvent(phase, self.event.kind, message, self.event.caps, self.event.change,
+                                              self.event.built)}
+
     def _show_start(self) -> None:
         hint = "" if _STDERR.hinted else f" ({SILENCE} silences these notices)"
         self.shown = self._show(f"{self.message}…{hint}")
@@ -161,7 +193,7 @@ class CompileNotice:
 
     def done(self, message: str) -> None:
         """How the call ended: an INFO record, and on stderr where its start was."""
-        self.logger.info("%s", message)
+        self.logger.info("%s", message, extra=self._extra("done", message))
         if self.shown:
             self._show(message)
 

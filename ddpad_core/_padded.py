@@ -34,7 +34,7 @@ from ._compile import compile_model, run_step
 from ._context import DistributedContext, activate_dd_context, current_dd_context
 from ._ladder import Ladder
 from ._memory import derive_ceilings, measure_peak, reset_peak
-from ._noise import CompileNotice
+from ._noise import CompileEvent, CompileNotice
 from ._options import WrapOptions
 from ._protocol import GraphPadder
 from ._shrink import Shrinker
@@ -234,8 +234,8 @@ class PaddedModel(torch.nn.Module):
                     reset_peak(data)
                 if self.pad_in_forward:  # the model pads at its own seam
                     if index == 0 and options.compile:
-                        notice = CompileNotice(log, "first call (caps sized at the model's padding seam): "
-                                                    "compiling or loading its graph")
+                        message = "first call (caps sized at the model's padding seam): compiling or loading its graph"
+                        notice = CompileNotice(log, message, event=CompileEvent("start", "seam", message))
                         work_before = stats.snapshot()
                     with activate_dd_context(self._context(trial)), notice or contextlib.nullcontext():
                         out = self._run(data, args, kwargs, None, trial)
@@ -319,19 +319,23 @@ class PaddedModel(torch.nn.Module):
         """The notice of a call that may compile at caps ``trial``: the first
         call, one whose caps changed (fitted or grew), or the first after a
         shrink to caps no graph is ready for; None for any other."""
+        change = None
         if index == 0:
-            what = f"first call at caps {trial}"
+            what, kind = f"first call at caps {trial}", "first"
         elif trial != self.cap_state:
             sizer = self.sizer
-            what = f"caps {caps_changed(self.cap_state, trial, sizer is not None and not sizer.settled)}"
+            change = caps_changed(self.cap_state, trial, sizer is not None and not sizer.settled)
+            what, kind = f"caps {change}", change.split(" ", 1)[0]  # fitted, grew or shrank
         else:
             shrinks = self.stats.shrinks
             if not shrinks or shrinks[-1].call != index - 1 or trial in self._ready():  # (nearly every call)
                 return None
             shrunk = [e for e in shrinks if e.call == index - 1]  # after the last call
-            what = f"caps {caps_changed({e.key: e.old for e in shrunk}, {e.key: e.new for e in shrunk}, False)}"
+            change = caps_changed({e.key: e.old for e in shrunk}, {e.key: e.new for e in shrunk}, False)
+            what, kind = f"caps {change}", "shrank"
         built = "package" if self.aot is not None else "graph"
-        return CompileNotice(log, f"{what}: compiling or loading the {built}")
+        message = f"{what}: compiling or loading the {built}"
+        return CompileNotice(log, message, event=CompileEvent("start", kind, message, dict(trial), change, built))
 
     def _ready(self) -> list[dict[str, int]]:
         """Caps whose graphs are ready: they ran before (Dynamo's cache holds
@@ -472,8 +476,9 @@ class PaddedModel(torch.nn.Module):
         t0 = time.perf_counter()
         rungs = warm_rungs(self.cap_state, resolved, self.options.warm_ladder, self.max_caps, self.sizer)
         before = self.stats.snapshot()
-        with CompileNotice(log, f"warm ladder: compiling or loading {len(rungs)} rung(s) above caps "
-                                f"{self.cap_state}") as notice:
+        message = f"warm ladder: compiling or loading {len(rungs)} rung(s) above caps {self.cap_state}"
+        with CompileNotice(log, message, event=CompileEvent("start", "ladder", message, dict(self.cap_state))) \
+                as notice:
             for caps in warm(rungs, self.cap_state, step, self.ladder):
                 self._forms.add((form, tuple(caps.items())))
         self.stats.warm_seconds += time.perf_counter() - t0

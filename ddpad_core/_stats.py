@@ -313,6 +313,62 @@ class Stats:
         """The counts :meth:`work` describes, as they are now."""
         return {name: getattr(self, name) for name in _WORK}
 
+    def growth_line(self) -> str:
+        """``growth calls: N (atoms 40 -> 56 (2 growths), ...)``: the calls on
+        which caps grew (each one compile, however many caps grew on it), then
+        each grown cap's first and last size and how many times it grew."""
+        if not self.growths:
+            return "growth calls: 0"
+        grown: dict[str, list[CapEvent]] = {}
+        for event in self.growths:
+            grown.setdefault(event.key, []).append(event)
+        caps = ", ".join(f"{key} {events[0].old} -> {events[-1].new}"
+                         + (f" ({len(events)} growths)" if len(events) > 1 else "") for key, events in grown.items())
+        return f"growth calls: {self.growth_calls} ({caps})"
+
+    def fill_line(self, policy: str) -> str:
+        """``fill (tight, ...): atoms 0.990 (cap 516), ...``: real rows over the
+        cap, the mean over the calls since the caps last changed, and the call
+        that fitted them (``policy``: the cap policy's name, said first)."""
+        fill = self.mean_fill
+        line = f"fill ({policy}, mean since the caps last changed): " + ", ".join(
+            f"{k} {fill[k]:.3f} (cap {self.caps[k]})" for k in sorted(fill))
+        if self.fits:
+            changed = ", ".join(f"{e.key} {e.old} -> {e.new}" for e in self.fits)
+            line += f"; caps fitted on step {self.fits[0].call} ({changed})"
+        return line
+
+    def store_line(self) -> str:
+        """The compile store's counts: graphs looked up in it (found + not
+        found), graphs compiled + loaded (from the store + from torch's own
+        cache), then background compiles, warm-ladder rungs and packages."""
+        uncached = f" ({self.graphs_uncached} past torch's caches)" if self.graphs_uncached else ""
+        aot = (f"; ahead-of-time packages: {self.aot_compiled} built in {self.aot_seconds:.1f} s, "
+               f"{self.aot_loaded} loaded in {self.aot_load_seconds:.2f} s, {self.aot_checked} checked against "
+               f"eager, {self.aot_refused} call form(s) on torch.compile"
+               if self.aot_compiled or self.aot_loaded or self.aot_refused else "")
+        unused = self.background_started - self.background_used
+        looked_up = self.store_hits + self.store_misses
+        return (f"compile store: {self.store_hits} of {looked_up} graph(s) found in it, {self.store_misses} not "
+                f"(compiled or taken from torch's own cache, then written); graphs: {self.graphs_compiled} "
+                f"compiled{uncached} in {self.compile_seconds:.1f} s, {self.graphs_loaded} loaded in "
+                f"{self.load_seconds:.1f} s ({self.store_loads} from the store, "
+                f"{self.graphs_loaded - self.store_loads} from torch's own cache); background compiles: "
+                f"{self.background_started} started, {self.background_used} used"
+                + (f" ({unused} unused: worker CPU time this run did not need)" if unused else "")
+                + (f"; warm ladder: {self.rungs_warmed} rung(s) in {self.warm_seconds:.1f} s, {self.rungs_used} "
+                   "growth(s) took one" if self.rungs_warmed else "") + aot)
+
+    def checks_line(self, verify: bool = True) -> str:
+        """What the first-use checks found, or (``verify`` False) that none ran."""
+        if not verify:
+            return "not checked against the eager step (--no-verify): the compiled graphs' numbers are as compiled"
+        line = (f"checked against the eager step: {self.checks} compiled graph(s) on their first call, "
+                f"{self.disagreements} disagreed ({self.check_seconds:.2f} s)")
+        if self.eager_forms:
+            line += f" ({self.eager_forms} caps / call form(s) run eager: see the warnings above)"
+        return line
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready summary."""
         return {

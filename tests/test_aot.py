@@ -348,7 +348,7 @@ def test_the_kit_checks_the_toy_through_the_route(tmp_path: pathlib.Path) -> Non
 def test_bench_overhead_paths_columns() -> None:
     """``ddpad bench --overhead --paths``: a wrapped call's cost through
     torch.compile and through the package, beside the padder's own."""
-    from ddpad._overhead import format_table, overhead_table
+    from ddpad._bench.overhead import format_table, overhead_table
 
     rows = overhead_table(sizes=(20,), calls=5, padders=["coo"], paths=True)
     assert len(rows) == 1 and rows[0]["compile_path_us"] > 0 and rows[0]["aot_path_us"] > 0
@@ -489,7 +489,7 @@ def test_a_weight_change_builds_the_new_package_in_the_background(tmp_path: path
 def test_steady_table_times_the_package_beside_torch_compile_at_the_same_caps() -> None:
     """``ddpad bench --steady --package``: the package row runs the package
     (not a fallback) at the tight caps ``torch.compile``'s row has."""
-    from ddpad._steady import format_steady, steady_table
+    from ddpad._bench.steady import format_steady, steady_table
 
     model = toy.ADAPTER.random_model()
     base = toy.ADAPTER.default_system()

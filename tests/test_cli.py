@@ -101,7 +101,7 @@ def test_steps_per_second_exclude_the_compiles(capsys: pytest.CaptureFixture[str
     of the steps since the last line that compiled nothing, and the time
     spent compiling (the first call's, then each compiling step's) is apart."""
     compiles = [1]
-    progress = cli._Progress(20, lambda: compiles[0])  # (a line every 2 steps)
+    progress = cli._run._Progress(20, lambda: compiles[0])  # (a line every 2 steps)
     progress.start(100.0)  # a 100 s first call
     for step, seconds, compiled in ((1, 0.5, 0), (2, 0.5, 0), (3, 7.0, 1), (4, 1.0, 0), (5, 3.0, 1), (6, 3.0, 1)):
         progress.last -= seconds
@@ -121,14 +121,14 @@ def test_progress_counts_steps_taken(monkeypatch: pytest.MonkeyPatch, capsys: py
     observers once before stepping), so its steps/s timed nothing: each
     line counts the MD steps taken."""
     seen: list[tuple[int, int]] = []
-    langevin = cli._langevin
+    langevin = cli._run._langevin
 
     def watched(atoms: object) -> object:
         dyn = langevin(atoms)
-        monkeypatch.setattr(cli._Progress, "step", lambda self, step: seen.append((step, dyn.nsteps)))
+        monkeypatch.setattr(cli._run._Progress, "step", lambda self, step: seen.append((step, dyn.nsteps)))
         return dyn
 
-    monkeypatch.setattr(cli, "_langevin", watched)
+    monkeypatch.setattr(cli._run, "_langevin", watched)
     assert cli.main(["run", "toy", "--no-compile", "--steps", "3"]) == 0
     capsys.readouterr()
     assert seen == [(1, 1), (2, 2), (3, 3)]
@@ -192,7 +192,7 @@ def test_bench_json_schema_and_plot(tmp_path: pathlib.Path) -> None:
 
 
 def test_bench_plot_legend_off_the_curves_integer_ticks() -> None:
-    from ddpad._bench import figure
+    from ddpad._bench.trajectory import figure
 
     steps = 7
     result = {"adapter": "toy", "device": "cpu", "backend": "eager", "variants": {
@@ -233,7 +233,7 @@ def test_a_dtype_the_model_package_refuses_is_one_line(monkeypatch: pytest.Monke
         raise ValueError("runs in float32 only (it casts inside forward); got torch.float64")
 
     refusing = dataclasses.replace(adapters.get("toy"), random_model=float32_only)
-    monkeypatch.setattr(cli, "_adapter", lambda name, verbose=False: refusing)
+    monkeypatch.setattr(cli._run, "_adapter", lambda name, verbose=False: refusing)
     assert cli.main(["run", "toy", "--dtype", "float64", "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ddpad: error: toy: runs in float32 only"), err
@@ -458,8 +458,10 @@ def test_ctrl_c_during_the_first_compile_is_one_line_and_writes_nothing(tmp_path
 
 _HELP_WITHOUT_TORCH = """
 import importlib.util, sys
-spec = importlib.util.spec_from_file_location("ddpad_cli_alone", sys.argv[1])
+spec = importlib.util.spec_from_file_location("ddpad_cli_alone", sys.argv[1],
+                                              submodule_search_locations=[sys.argv[1].rsplit("/", 1)[0]])
 cli = importlib.util.module_from_spec(spec)
+sys.modules["ddpad_cli_alone"] = cli  # (its command modules import from it as a package)
 spec.loader.exec_module(cli)
 for argv in (["-h"], ["run", "-h"], ["bench", "-h"], ["precompile", "-h"], ["list", "-h"]):
     try:
@@ -500,9 +502,9 @@ def test_the_summary_says_whether_the_first_calls_were_checked() -> None:
     from ddpad import Stats
 
     stats = Stats(checks=2, disagreements=1, check_seconds=0.5, eager_forms=1)
-    assert cli._checks_line(stats).startswith("checked against the eager step: 2 compiled graph(s) on their "
-                                              "first call, 1 disagreed (0.50 s)")
-    assert cli._checks_line(Stats(), verify=False).startswith("not checked against the eager step (--no-verify)")
+    assert stats.checks_line().startswith("checked against the eager step: 2 compiled graph(s) on their "
+                                          "first call, 1 disagreed (0.50 s)")
+    assert Stats().checks_line(verify=False).startswith("not checked against the eager step (--no-verify)")
 
 
 def test_store_line_counts_add_up() -> None:
@@ -512,12 +514,12 @@ def test_store_line_counts_add_up() -> None:
     torch's own cache."""
     from ddpad import Stats
 
-    line = cli._store_line(Stats(graphs=1, graphs_loaded=1, load_seconds=66.5, store_misses=1))
+    line = Stats(graphs=1, graphs_loaded=1, load_seconds=66.5, store_misses=1).store_line()
     assert line.startswith("compile store: 0 of 1 graph(s) found in it, 1 not (compiled or taken from torch's own "
                            "cache, then written); graphs: 0 compiled in 0.0 s, 1 loaded in 66.5 s (0 from the "
                            "store, 1 from torch's own cache); "), line
-    line = cli._store_line(Stats(graphs=3, graphs_compiled=1, graphs_loaded=2, store_hits=2, store_misses=1,
-                                 store_loads=2))
+    line = Stats(graphs=3, graphs_compiled=1, graphs_loaded=2, store_hits=2, store_misses=1,
+                 store_loads=2).store_line()
     assert "2 of 3 graph(s) found in it, 1 not" in line and "2 loaded in 0.0 s (2 from the store, 0 from" in line
 
 
@@ -543,8 +545,8 @@ def test_growths_are_counted_in_calls_with_the_caps_that_grew() -> None:
 
     stats = Stats(growths=[CapEvent(3, "atoms", 32, 48, 40, 40), CapEvent(3, "edges", 512, 704, 600, 600),
                            CapEvent(9, "edges", 704, 912, 800, 800)])
-    assert cli._growth_summary(stats) == "growth calls: 2 (atoms 32 -> 48, edges 512 -> 912 (2 growths))"
-    assert cli._growth_summary(Stats()) == "growth calls: 0"
+    assert stats.growth_line() == "growth calls: 2 (atoms 32 -> 48, edges 512 -> 912 (2 growths))"
+    assert Stats().growth_line() == "growth calls: 0"
 
 
 def test_main_restores_warning_filters_format_and_logging(capsys: pytest.CaptureFixture[str]) -> None:

@@ -337,7 +337,8 @@ def test_bench_first_call_children_get_a_dtype(tmp_path: pathlib.Path, monkeypat
     """Without --dtype the children were handed None, which an adapter's
     random_model need not take (nequip: "nequip models are float32 or
     float64, got None"): they get the dtype ddpad run would use."""
-    from ddpad import _warmstart, cli
+    from ddpad import cli
+    from ddpad._bench import warmstart as _warmstart
 
     seen = []
 

@@ -18,12 +18,12 @@ ORDER = [
     "_ladder", "_stats", "_caps_file", "_memory", "_shrink", "_weights", "_store", "_strict", "_compile", "_verify",
     "_aot",
     "_warm", "_background", "_options", "_padded", "_wrap", "_evaluator", "_worker", "_prebuild",
-    "ase", "torchsim", "testing", "engines", "_overhead", "_bench", "_warmstart", "_steady", "cli", "__main__",
+    "ase", "torchsim", "testing", "engines", "_bench", "cli", "__main__",
 ]
 # the package's public face: it imports everything, and what imports
 # ``ddpad`` itself reads only its public names, lazily, from the top layers
 PUBLIC = "__init__"
-PUBLIC_READERS = {"_bench", "_warmstart", "_steady", "cli", "testing"}
+PUBLIC_READERS = {"_bench", "cli", "testing"}
 # ``ddpad.adapters`` is looked up by name through its registry (lazily)
 OUTSIDE = {"adapters"}
 

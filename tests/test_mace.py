@@ -248,7 +248,7 @@ def test_bench_includes_mace_own_padding() -> None:
     """`ddpad bench mace` runs mace's own padding beside ddpad. Its targets are
     fixed at the first structure, so a larger one changes the shape again
     (and when only edges need padding it adds one fake atom): more graphs."""
-    from ddpad._bench import run_bench
+    from ddpad._bench.trajectory import run_bench
 
     model = random_model()
     frames = []

@@ -1,4 +1,4 @@
-"""The per-call overhead benchmark (``ddpad._overhead``), in quick mode (issue 15)."""
+"""The per-call overhead benchmark (``ddpad._bench.overhead``), in quick mode (issue 15)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ddpad import PaddedModel, RecompileError, _capacity
-from ddpad._overhead import PADDERS, QUICK_SIZES, _Trivial, format_table, overhead_table
+from ddpad._bench.overhead import PADDERS, QUICK_SIZES, _Trivial, format_table, overhead_table
 
 COLUMNS = {"padder", "atoms", "edges", "bare_us", "wrapped_us", "overhead_us", "pad_us", "clone_us", "device_ops",
            "pad_per_clone", "overhead_per_clone"}
@@ -131,7 +131,7 @@ def test_a_neighbour_field_adds_one_kernel_to_a_dense_pad() -> None:
     only: the sentinel mask is the one the matrix's reroute built, not
     computed again (on a GPU: one kernel more, not two)."""
     from ddpad import DensePadder
-    from ddpad._overhead import _ops
+    from ddpad._bench.overhead import _ops
 
     n, k = 30, 8
     gen = torch.Generator().manual_seed(0)

@@ -341,6 +341,40 @@ def test_a_fit_says_fitted_and_a_growth_grew(caplog: pytest.LogCaptureFixture) -
     assert text.count("caps grew") == 1
 
 
+def test_a_logging_handler_hears_each_compile_as_an_event() -> None:
+    """The compile announcement is a hook of the library: a handler on the
+    ``ddpad`` logger gets a :class:`ddpad.CompileEvent` on each record (what
+    ``ddpad run`` prints from), start and done, naming the kind of call and
+    its caps; a steady call sends none."""
+    events: list[ddpad.CompileEvent] = []
+
+    class Hear(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if hasattr(record, "ddpad_compile"):
+                events.append(record.ddpad_compile)
+
+    logger = logging.getLogger("ddpad")
+    handler, level = Hear(level=logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        wrapped = padded_model(MPNN(), backend="aot_eager", cap_policy=ddpad.TightPolicy(settle=2), verify=False)
+        steps = trajectory(30, 1, seed=3)
+        wrapped(steps[0])
+        wrapped(steps[0])  # fits the caps
+        wrapped(steps[0])
+        wrapped(trajectory(1, 2, seed=4, n0=80)[0])  # grows them
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert [(e.phase, e.kind) for e in events] == [
+        ("start", "first"), ("done", "first"), ("start", "fitted"), ("done", "fitted"),
+        ("start", "grew"), ("done", "grew")], events
+    assert events[0].caps and events[-1].caps == dict(wrapped.cap_state)
+    assert events[2].change and wrapped.stats.fits[0].key in events[2].change
+    assert all(e.built == "graph" for e in events)
+
+
 def test_caps_changes_are_named_by_what_they_did() -> None:
     from ddpad._stats import caps_changed
 

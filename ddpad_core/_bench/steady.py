@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from . import TightPolicy, UnpaddedCompiled, wrap
+from ddpad import TightPolicy, UnpaddedCompiled, wrap
 
 __all__ = ["format_steady", "steady_table"]
 

@@ -171,7 +171,7 @@ def precompile_run(adapter_name: str, store: str, backend: str, device: str, dty
     atoms = adapter.default_system()
     t0 = time.perf_counter()
     if compile_mode == "aot":  # ddpad precompile --aot: every package in its worker process
-        from ._prebuild import prebuild_packages
+        from .._prebuild import prebuild_packages
 
         built = prebuild_packages(model, adapter, adapter.build_input(model, atoms), store=store, rungs=rungs,
                                   tight=cap_policy == "tight", call_kwargs=adapter.call_options(False),
@@ -188,7 +188,7 @@ def precompile_run(adapter_name: str, store: str, backend: str, device: str, dty
 
 
 def _run_child(function: str, spec: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    code = (f"import json, sys; from ddpad._warmstart import {function}; a = json.loads(sys.argv[1]); "
+    code = (f"import json, sys; from ddpad._bench.warmstart import {function}; a = json.loads(sys.argv[1]); "
             f"print('RESULT' + json.dumps({function}(**a)))")
     res = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], env=env, capture_output=True,
                          text=True, check=False)
@@ -241,7 +241,7 @@ def growing(adapter: str, *, steps: int = 200, every: int = 5, threshold: float 
 def format_growing(adapter: str, results: dict[str, dict[str, Any]]) -> str:
     """A table: total, first step, slowest later step over the median, and
     what compiled, loaded, ran in the background and was warmed."""
-    from ._stats import lowest_fill
+    from .._stats import lowest_fill
 
     first = next(iter(results.values()))
     header = (f"{'growths':<17} {'total s':>8} {'first s':>8} {'slowest later s':>15} {'x median':>9} "

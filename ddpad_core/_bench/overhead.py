@@ -127,7 +127,7 @@ def _aimnet(n: int, gen: torch.Generator, *, sentinel_row: bool) -> dict[str, Te
 
 
 def _make_plain_coo() -> Any:
-    from . import _padders
+    from .. import _padders
 
     return _padders.COOPadder(
         3.0, atom_fields={"node_attrs": 0.0}, edge_fields={"unit_shifts": _padders.Fill.DEAD_UNIT_SHIFT},
@@ -157,7 +157,7 @@ def _make_dense() -> Any:
 def _make_dense_batch() -> Any:
     from ddpad.adapters.aimnet2 import make_padder
 
-    from . import _padders
+    from .. import _padders
 
     dense = make_padder()
     return _padders.DenseBatchPadder(
@@ -213,7 +213,7 @@ def _path_us(model: torch.nn.Module, make: Callable[[], Any], data: dict[str, Te
     ``torch.compile`` (inductor) one, Dynamo's guards included, and the
     ahead-of-time package (``compile_mode="aot"``, built in this process);
     the trivial model's own compiled work is a few us of both."""
-    from ._padded import PaddedModel
+    from .._padded import PaddedModel
 
     common = {"cap_policy": "headroom", "on_recompile": "ignore"}
     dynamo = PaddedModel(model, make(), backend="inductor", **common)
@@ -227,7 +227,7 @@ def _path_us(model: torch.nn.Module, make: Callable[[], Any], data: dict[str, Te
 
 
 def _measure(name: str, n: int, calls: int, paths: bool = False) -> dict[str, Any]:
-    from ._padded import PaddedModel
+    from .._padded import PaddedModel
 
     make, build, positions = PADDERS[name]
     data = build(n, torch.Generator().manual_seed(n))
