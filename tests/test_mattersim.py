@@ -74,7 +74,7 @@ def check_compiles(stats: ddpad.Stats) -> None:
 
 class TestMatterSim(AdapterTests):
     """The conformance kit (float32, within the model's own noise)."""
-    aot_route = "data-dependent expression"  # compile_mode="aot" falls back (docs/pages/compile-store.md)
+    aot_route = True  # compile_mode="aot": every call form takes a package (docs/pages/compile-store.md)
 
     adapter = "mattersim"
     dtype = torch.float32
@@ -272,6 +272,92 @@ def test_cli_run_three_steps(tmp_path: pathlib.Path) -> None:
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "RANDOMLY INITIALISED" in res.stdout and "compiled graphs: 1" in res.stdout, res.stdout
+
+
+def test_fake_trace_of_the_step_reads_no_size_from_the_data() -> None:
+    """The ahead-of-time route traces the step with ``make_fx`` in fake mode.
+    mattersim's ``int(num_atoms.sum())`` (the unused default of
+    ``input.get("total_num_atoms", ...)``) made it fail ("data-dependent
+    expression u0"); the step gives mattersim one-element host counts
+    instead. The trace reads no scalar from the data and gives the eager
+    step's numbers."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils import _pytree as pytree
+
+    model = random_model()
+    forward = mattersim_adapter.prepare_model(model)
+    adapter = adapters.get("mattersim")
+    rng = np.random.default_rng(7)
+    data = adapter.build_input(model, [structure(0, rng), structure(1, rng)])
+    padded = make_padder(model).pad(data, {})
+    flat, spec = pytree.tree_flatten(padded)
+
+    def rebuilt(leaves: Any) -> dict[str, Any]:
+        it = iter(leaves)
+        return pytree.tree_unflatten([next(it) if isinstance(x, torch.Tensor) else x for x in flat], spec)
+
+    def step(*leaves: torch.Tensor) -> list[torch.Tensor]:
+        return [v.detach() for v in mattersim_adapter._step(forward, rebuilt(leaves)).values()]
+
+    tensors = [x.detach().clone() for x in flat if isinstance(x, torch.Tensor)]
+    graph = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*tensors)
+    reads = [n for n in graph.graph.nodes if "_local_scalar_dense" in str(n.target)]
+    assert reads == [], reads
+    got = graph(*(t.clone() for t in tensors))
+    ref = mattersim_adapter._step(forward, rebuilt([t.clone() for t in tensors]))
+    assert len(got) == len(ref) == 3
+    for (key, want), have in zip(ref.items(), got):
+        torch.testing.assert_close(have, want.detach(), rtol=RTOL, atol=ATOL, msg=key)
+
+
+def test_models_built_here_pickle_for_a_worker(tmp_path: pathlib.Path) -> None:
+    """A background build's worker gets the model pickled; mattersim's
+    ``Potential`` holds torch_ema's EMA, whose weak references do not pickle
+    ("cannot pickle 'weakref.ReferenceType'": every ``ddpad precompile
+    mattersim --aot`` build failed). The potentials the adapter builds
+    (``random_model``, ``load_model``) carry an EMA that pickles, with its
+    state, and ``Potential.save`` still works on the copy."""
+    import io
+
+    model = random_model()
+    model.save(str(tmp_path / "saved.pth"))
+    for potential in (model, adapters.get("mattersim").load_model(str(tmp_path / "saved.pth"), "cpu")):
+        buffer = io.BytesIO()
+        torch.save(potential, buffer)
+        buffer.seek(0)
+        copy_ = torch.load(buffer, weights_only=False)
+        params = list(copy_.model.parameters())
+        assert [ref() for ref in copy_.ema._params_refs] == params  # the copy's own parameters
+        for shadow, want in zip(copy_.ema.shadow_params, potential.ema.shadow_params):
+            assert torch.equal(shadow, want)
+        copy_.save(str(tmp_path / "copy.pth"))
+        data = adapters.get("mattersim").build_input(model, structure(0, np.random.default_rng(9)))
+        assert_exact(adapters.get("mattersim").reference(copy_, data), adapters.get("mattersim").reference(model, data))
+
+
+def test_precompile_aot_then_a_fresh_run_loads_and_checks_the_package(tmp_path: pathlib.Path) -> None:
+    """A real AOTInductor build of MatterSim in the default run (about 50 s
+    of build, 70 s in all, on 2 cores): ``ddpad precompile mattersim --aot``
+    builds the fitted caps' package in a worker (before: the trace failed on
+    a data-dependent size, and the model did not pickle for the worker), and
+    a fresh ``ddpad run mattersim --aot`` loads it, checks its first call
+    against the eager step and compiles nothing."""
+    import json
+
+    from test_cli import ddpad as cli
+
+    pre = cli("precompile", "mattersim", "--aot", "--ladder", "0", cwd=tmp_path)
+    assert pre.returncode == 0, pre.stdout + pre.stderr
+    assert "1 package(s) in" in pre.stdout
+    res = cli("run", "mattersim", "--aot", "--steps", "3", "--json", "run.json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert (run["aot_loaded"], run["aot_compiled"], run["aot_checked"], run["aot_refused"]) == (1, 0, 1, 0)
+    assert (run["graphs"], run["checks"], run["disagreements"]) == (0, 1, 0)
+    # a package load (0.03 s) and its eager check (2 s: 131k triplets): room for a busy machine
+    assert run["first_call_seconds"] < 10.0
+    assert "checked against the eager step: 1 compiled graph(s) on their first call, 0 disagreed" in res.stdout
+    assert not list((tmp_path / "cache").rglob("*.lock"))
 
 
 @pytest.mark.slow

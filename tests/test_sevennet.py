@@ -105,7 +105,7 @@ class TestSevenNetConformance(AdapterTests):
     """ddpad's conformance kit: exactness and one graph per growth over a
     trajectory whose atom, edge and system counts change, dead rows, call
     forms, empty input, the ASE calculator."""
-    aot_route = "data-dependent expression"  # compile_mode="aot" falls back (docs/pages/compile-store.md)
+    aot_route = True  # compile_mode="aot": the fixed-size compile copy traces into one package
 
     adapter = "sevennet"
     dtype = torch.float32
@@ -170,6 +170,72 @@ def test_dead_rows_are_inert_and_nan_free() -> None:
     # every dead edge is a self-loop on a dead atom, longer than the cutoff
     index = padded["edge_index"][:, e:]
     assert bool((index >= n).all()) and bool((padded["edge_vec"][e:].norm(dim=-1) > CUTOFF).all())
+
+
+def test_compile_copy_takes_its_sizes_from_the_padded_shapes() -> None:
+    """sevenn sizes its energy, force and stress buffers from the data
+    (``batch.max() + 1``, ``num_atoms.sum()``): a fake trace of the step
+    (``compile_mode="aot"``) failed on it ("data-dependent expression u0").
+    The compile copy takes both from the padded shapes: it traces with no
+    scalar read from the data, and on a padded input with an empty system
+    between the real ones and the dead one it gives sevenn's own numbers
+    bit for bit (one thread)."""
+    from ddpad.adapters.sevennet import _step, prepare_model
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    model = prepare_model(random_model())
+    fixed = {name: type(m) for name, m in model.named_modules() if type(m).__name__.startswith("FixedSize")}
+    assert sorted(c.__name__ for c in fixed.values()) == ["FixedSizeAtomReduce", "FixedSizeForceStressOutputFromEdge"]
+    sevenns = copy.deepcopy(model)  # the same copy with sevenn's own classes
+    for module in sevenns.modules():
+        if type(module).__name__.startswith("FixedSize"):
+            module.__class__ = type(module).__bases__[0]
+    rng = np.random.default_rng(2)
+    data = adapters.get("sevennet").build_input(model, [structure(0, rng), structure(1, rng, (1, 1, 1))])
+    padded = make_padder(model).pad(data, {"systems": 4})
+    assert padded["num_atoms"].shape[0] == 4 and int(padded["num_atoms"][2]) == 0  # an empty system
+
+    def run(m: torch.nn.Module) -> dict[str, Any]:
+        return _step(m, {k: v.detach().clone() for k, v in padded.items()})
+
+    with one_thread():
+        ours, theirs = run(model), run(sevenns)
+    assert set(ours) == set(theirs)
+    for key, value in theirs.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(ours[key], value), key
+
+    def step(*leaves: torch.Tensor) -> list[torch.Tensor]:
+        out = _step(model, dict(zip(padded, leaves)))
+        return [v.detach() for v in out.values() if isinstance(v, torch.Tensor)]
+
+    with torch._dynamo.config.patch(**adapters.get("sevennet").dynamo_config):
+        leaves = [v.detach().clone() for v in padded.values()]
+        graph = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*leaves)
+    reads = [n for n in graph.graph.nodes if "_local_scalar_dense" in str(n.target)]
+    assert reads == [], reads
+
+
+def test_precompile_aot_then_a_fresh_run_loads_and_checks_the_package(tmp_path: pathlib.Path) -> None:
+    """A real AOTInductor build of SevenNet in the default run (about a
+    minute on 2 cores): ``ddpad precompile sevennet --aot`` builds the fitted
+    caps' package (before: "tracing the step failed", torch.compile), and a
+    fresh ``ddpad run sevennet --aot`` loads it, checks its first call
+    against the eager step and compiles nothing."""
+    import json
+
+    from test_cli import ddpad as cli
+
+    pre = cli("precompile", "sevennet", "--aot", "--ladder", "0", cwd=tmp_path)
+    assert pre.returncode == 0, pre.stdout + pre.stderr
+    assert "1 package(s) in" in pre.stdout, pre.stdout + pre.stderr
+    res = cli("run", "sevennet", "--aot", "--steps", "3", "--json", "run.json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert (run["aot_loaded"], run["aot_compiled"], run["aot_checked"], run["aot_background"]) == (1, 0, 1, 0)
+    assert (run["graphs"], run["checks"], run["disagreements"]) == (0, 1, 0)
+    assert run["first_call_seconds"] < 5.0  # a package load and its check (0.2 s measured), room for a busy machine
+    assert not list((tmp_path / "cache").rglob("*.lock"))
 
 
 def test_huge_dead_edges_overflow_only_the_dead_system() -> None:

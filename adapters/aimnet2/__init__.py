@@ -17,6 +17,7 @@ one graph).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +48,32 @@ def make_padder(model: torch.nn.Module | None = None, **overrides: Any) -> Dense
     return DensePadder(**config)
 
 
+def _fake_traced(coord: Tensor) -> bool:
+    """Whether the step is being traced in fake mode (the ahead-of-time
+    route's ``make_fx``), not by Dynamo, which aimnet detects by itself."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not torch.compiler.is_compiling() and is_fake(coord)
+
+
+def _tracing_path() -> contextlib.AbstractContextManager[Any]:
+    """aimnet's own tracing path, for a fake trace of the step.
+
+    Eager aimnet reads tensor values on the host (``data_ptr()`` to share
+    masks between aliased neighbour matrices, ``.item()`` for the neighbour
+    mode and the molecule count), which a fake tensor cannot give. Under
+    ``torch.compile`` aimnet takes value-free branches instead (the mode
+    from the matrices' rank, the molecule count from ``charge``'s length,
+    masks recomputed per matrix), the same numbers; its
+    ``_symbolic_trace_context`` selects them outside Dynamo too (aimnet's
+    own ``make_fx`` training path uses it), for this call only.
+    """
+    from aimnet import nbops
+
+    enter = getattr(nbops, "_symbolic_trace_context", None)  # (older aimnet: the trace refuses, as before)
+    return enter() if enter is not None else contextlib.nullcontext()
+
+
 def _step(model: Any, data: dict[str, Tensor], *, forces: bool = True) -> dict[str, Tensor]:
     """One evaluation: the model's energy and charges, forces by autograd.
 
@@ -59,7 +86,14 @@ def _step(model: Any, data: dict[str, Tensor], *, forces: bool = True) -> dict[s
     caller_grad = coord.requires_grad
     if forces and not caller_grad:
         coord.requires_grad_(True)
-    out = model(data)
+    if _fake_traced(coord):
+        # aimnet's D3 term counts molecules as int(mol_idx.max()) + 1 (a
+        # data-dependent size) unless told; its compiled path's count is charge's length
+        data = {**data, "_dftd3_num_systems": data["charge"].shape[0]}
+        with _tracing_path():
+            out = model(data)
+    else:
+        out = model(data)
     result = {"energy": out["energy"], "charges": out["charges"]}
     if "spin_charges" in out:
         result["spin_charges"] = out["spin_charges"]
@@ -229,6 +263,7 @@ def default_system() -> Any:
 
 ADAPTER = builtin_adapter(
     "aimnet2",
+    requires=("aimnet",),  # import names, the model package's first
     make_padder=make_padder,
     energy_key="energy",
     cutoff=_cutoff,

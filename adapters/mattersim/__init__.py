@@ -51,8 +51,19 @@ count grows about as the square of the neighbour count).
   Python ints (fixed between growths, so no graph depends on the data).
   ``M3Gnet.forward`` still evaluates ``int(num_atoms.sum())`` as the default
   of ``input.get("total_num_atoms", ...)`` (Python evaluates it even when
-  the key is given): ``capture_scalar_outputs`` (scoped to each compiled
-  call) keeps that unused read in the graph instead of breaking it.
+  the key is given), and ``int(num_bonds.sum())`` likewise: the step gives
+  it one-element host tensors of the caps instead (:func:`_host_counts`;
+  mattersim reads them nowhere else), so the ahead-of-time route's trace
+  (``make_fx``, fake) reads no size from the data, and a GPU step no longer
+  syncs on them. ``capture_scalar_outputs`` (scoped to each compiled call)
+  stays for inputs without the host totals.
+- Pickling: a background build's worker gets the model pickled, and
+  mattersim's ``Potential`` holds torch_ema's EMA, whose weak references
+  do not pickle. The potentials built here (:func:`random_model`,
+  :func:`load_model`) carry the same EMA in a class that pickles; a
+  ``Potential`` built by mattersim itself still does not (its background
+  builds fail with that reason and run ``torch.compile``; ``aot_build=
+  "foreground"`` builds in the process).
 - One graph: ``Potential.forward`` makes its strain (a leaf that requires
   grad) inside ``forward`` and takes forces and stress by
   ``autograd.grad`` there. :func:`prepare_model` compiles
@@ -82,14 +93,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import os
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from ase.units import GPa
 from ddpad import CapPolicy, COOPadder, Fill
-from ddpad._padders import EDGES_POLICY
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon
 from torch import Tensor
 
@@ -106,7 +118,6 @@ SYSTEM_OUTPUTS = (ENERGY, STRESSES)
 # per-triplet fields ``[T, ...]``, padded to the triplets cap (dead rows: see MatterSimPadder)
 TRIPLET_FIELDS = ("three_body_indices", "bond_index_bias", "three_body_edge_map")
 
-_EDGES = dataclasses.replace(EDGES_POLICY, extra=1)  # a dead edge for the dead triplets
 _TRIPLETS = CapPolicy(initial_factor=1.5, grow_factor=1.30, stride=64)
 
 
@@ -153,10 +164,11 @@ class MatterSimPadder(COOPadder):
             "system_index": "batch", "ptr": None, "system_count": "num_atoms",
             "atom_counts": "num_atoms", "edge_counts": "num_bonds",
             "atom_outputs": ATOM_OUTPUTS, "system_outputs": SYSTEM_OUTPUTS,
-            "edges_policy": _EDGES,
         }
         config.update(overrides)
         super().__init__(cutoff, **config)
+        if "edges_policy" not in overrides:  # COOPadder's, with a dead edge for the dead triplets
+            self.edges_policy = dataclasses.replace(self.edges_policy, extra=1)
         if self.edges_policy.extra < 1:
             raise ValueError("the mattersim padder needs edges_policy.extra >= 1 (a dead edge for dead triplets)")
         self.triplets_policy = triplets_policy
@@ -203,7 +215,7 @@ class MatterSimPadder(COOPadder):
         per_edge[dead_edge] = t_cap - t
         per_system = self._rows("num_three_body", data["num_three_body"], s_cap, 0)
         if self.placement == "own":
-            per_system[self._dead_system(s, s_cap)] = t_cap - t
+            per_system[self.dead_system(s, s_cap)] = t_cap - t
         else:
             per_system[s - 1] += t_cap - t
         out["num_triple_ij"], out["num_three_body"] = per_edge, per_system
@@ -213,7 +225,7 @@ class MatterSimPadder(COOPadder):
 
     def _rows(self, name: str, real: Tensor, cap: int, fill: int) -> Tensor:
         """``real`` in a persistent ``cap``-row buffer whose other rows are ``fill``."""
-        buf = self._buffer(name, (cap, *real.shape[1:]), real)
+        buf = self.buffer(name, (cap, *real.shape[1:]), real)
         n = real.shape[0]
         buf[:n].copy_(real)
         buf[n:].fill_(fill)
@@ -243,6 +255,28 @@ def make_padder(model: torch.nn.Module, **overrides: Any) -> MatterSimPadder:
     return MatterSimPadder(_cutoff(model), **overrides)
 
 
+def _host_counts(input: dict[str, Any]) -> None:
+    """``num_atoms`` / ``num_bonds`` as one-element host tensors of their
+    totals, where the input gives those totals as Python ints (the padded
+    input: the caps).
+
+    ``M3Gnet.forward`` evaluates ``int(num_atoms.sum())`` and
+    ``int(num_bonds.sum())`` as the unused defaults of
+    ``input.get("total_num_atoms", ...)``: a value read from the data, which
+    ``make_fx`` (the ahead-of-time route) cannot trace, and a device sync
+    on a GPU. mattersim reads these two tensors nowhere else once
+    ``total_num_atoms``, ``total_num_bonds``, ``bond_index_bias`` and
+    ``three_body_edge_map`` are given (its blocks take them as arguments
+    and use them only when those are missing), so a tensor holding the same
+    total (the padded counts add up to the caps) changes no number; built
+    from a Python int on the host, its sum is a constant to the tracer.
+    """
+    for counts, total in (("num_atoms", "total_num_atoms"), ("num_bonds", "total_num_bonds")):
+        n = input.get(total)
+        if isinstance(n, int) and counts in input and "bond_index_bias" in input and "three_body_edge_map" in input:
+            input[counts] = torch.tensor([n])
+
+
 class MatterSimForward(torch.nn.Module):
     """``Potential.forward`` with the strain leaf given: what ``torch.compile`` compiles.
 
@@ -263,6 +297,7 @@ class MatterSimForward(torch.nn.Module):
         dataset_idx: int = -1,
     ) -> dict[str, Tensor]:
         input = dict(input)  # mattersim writes into its input
+        _host_counts(input)
         output: dict[str, Tensor] = {}
         cell = input["cell"]
         volume = torch.linalg.det(cell)
@@ -432,7 +467,38 @@ def _inference(potential: torch.nn.Module) -> torch.nn.Module:
     potential.eval()
     for p in potential.parameters():  # inference: no parameter gradients
         p.requires_grad_(False)
+    ema = getattr(potential, "ema", None)
+    if ema is not None and type(ema) is _ema_class().__base__:
+        # a background build's worker gets the model pickled; torch_ema's EMA
+        # holds weak references, which do not pickle (the same EMA, same state)
+        ema.__class__ = _ema_class()
     return potential
+
+
+@functools.cache
+def _ema_class() -> type:
+    """torch_ema's ``ExponentialMovingAverage`` that pickles (the class the
+    potentials built here carry): its weak references to the parameters are
+    pickled as the parameters (the model's own, pickled once with it)."""
+    from torch_ema import ExponentialMovingAverage
+
+    class PicklableEMA(ExponentialMovingAverage):
+        def __reduce__(self) -> tuple[Any, ...]:
+            state = dict(self.__dict__)
+            state["_params_refs"] = [ref() for ref in state["_params_refs"]]
+            return _rebuild_ema, (state,)
+
+    return PicklableEMA
+
+
+def _rebuild_ema(state: dict[str, Any]) -> Any:
+    """Unpickles :func:`_ema_class`'s EMA (by this function's name: its class is made on first use)."""
+    cls = _ema_class()
+    ema = cls.__new__(cls)
+    # a parameter already gone when pickled stays gone (a dead reference returns None)
+    state["_params_refs"] = [weakref.ref(p) if p is not None else (lambda: None) for p in state["_params_refs"]]
+    ema.__dict__.update(state)
+    return ema
 
 
 def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
@@ -477,6 +543,7 @@ default_system = diamond_carbon
 
 ADAPTER = builtin_adapter(
     "mattersim",
+    requires=("mattersim",),  # import names, the model package's first
     make_padder=make_padder,
     energy_key=ENERGY,
     cutoff=_cutoff,

@@ -31,8 +31,16 @@ batch mode; its output is that dict with ``inferred_total_energy [S]``,
   one compiled graph the compile copy of the model (:func:`prepare_model`)
   keeps that module in training mode (a retained autograd graph that the
   traced ``autograd.grad`` needs), and ``trace_autograd_ops`` and
-  ``capture_scalar_outputs`` (sevenn sizes buffers from ``batch.max()`` and
-  ``num_atoms.sum()``) are set around each compiled call only.
+  ``capture_scalar_outputs`` are set around each compiled call only.
+- Fixed sizes: sevenn sizes its energy, force and stress buffers from the
+  data (``int(batch.max()) + 1`` systems, ``num_atoms.sum()`` atoms), which
+  an ahead-of-time trace cannot fix (``compile_mode="aot"`` refused:
+  "data-dependent expression u0"). The compile copy's ``AtomReduce`` and
+  ``ForceStressOutputFromEdge`` take both from the padded input's shapes
+  instead (the same numbers: the dead system is the last and counts the
+  dead atoms), so the step is one graph of fixed shapes, packaged ahead of
+  time; ``capture_scalar_outputs`` stays for sevenn variants with other
+  data-read sizes.
 - The energy is not connected to ``pos`` (sevenn differentiates the edge
   vectors it is given), so there is no position gradient to take: forces
   come from the model's own ``inferred_force``.
@@ -41,6 +49,7 @@ batch mode; its output is that dict with ``inferred_total_energy [S]``,
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -60,6 +69,8 @@ FORCE = "inferred_force"
 STRESS = "inferred_stress"
 ATOMIC_ENERGY = "atomic_energy"
 EDGE_VEC = "edge_vec"
+NUM_ATOMS = "num_atoms"
+BATCH = "batch"
 
 ATOM_OUTPUTS = (
     "x", "node_attr", "atomic_numbers", "pos", "batch", "atom_type", "scaled_atomic_energy",
@@ -107,13 +118,100 @@ def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
     return COOPadder(_cutoff(model), **config)
 
 
+def _reduce_forward(self: Any, data: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``AtomReduce.forward`` in batch mode, with ``len(num_atoms)`` systems
+    where sevenn counts ``int(batch.max()) + 1``."""
+    if not self._is_batch_data or NUM_ATOMS not in data:
+        return type(self).__bases__[0].forward(self, data)
+    src = data[self.key_input].squeeze(1)
+    output = torch.zeros(data[NUM_ATOMS].shape[0], dtype=src.dtype, device=src.device)
+    output.scatter_reduce_(0, data[BATCH], src, reduce="sum")
+    data[self.key_output] = output * self.constant
+    return data
+
+
+def _force_stress_forward(self: Any, data: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``ForceStressOutputFromEdge.forward`` in batch mode, with ``len(batch)``
+    atoms where sevenn sums ``num_atoms`` and ``len(num_atoms)`` systems where
+    it counts ``int(batch.max()) + 1``; otherwise sevenn's operations in
+    sevenn's order (its ``broadcast`` of a 1-d index is the ``unsqueeze`` /
+    ``expand_as`` here)."""
+    if not self._is_batch_data:
+        return type(self).__bases__[0].forward(self, data)
+    batch = data[BATCH]
+    n_atoms, n_systems = batch.shape[0], data[NUM_ATOMS].shape[0]
+    rij = data[self.key_edge]
+    energy = [data[self.key_energy].sum()]
+    edge_idx = data[self.key_edge_idx]
+    fij = torch.autograd.grad(energy, [rij], create_graph=self.training, allow_unused=True)[0]
+    if fij is not None:
+        pf = torch.zeros(n_atoms, 3, dtype=fij.dtype, device=fij.device)
+        nf = torch.zeros(n_atoms, 3, dtype=fij.dtype, device=fij.device)
+        pf.scatter_reduce_(0, edge_idx[0].unsqueeze(-1).expand_as(fij), fij, reduce="sum")
+        nf.scatter_reduce_(0, edge_idx[1].unsqueeze(-1).expand_as(fij), fij, reduce="sum")
+        data[self.key_force] = pf - nf
+        diag = rij * fij
+        s12 = rij[..., 0] * fij[..., 1]
+        s23 = rij[..., 1] * fij[..., 2]
+        s31 = rij[..., 2] * fij[..., 0]
+        virial = torch.cat([diag, s12.unsqueeze(-1), s23.unsqueeze(-1), s31.unsqueeze(-1)], dim=-1)
+        s = torch.zeros(n_atoms, 6, dtype=fij.dtype, device=fij.device)
+        s.scatter_reduce_(0, edge_idx[1].unsqueeze(-1).expand_as(virial), virial, reduce="sum")
+        if self.use_atomic_virial:
+            data[self.key_atomic_virial] = torch.neg(s)
+        sout = torch.zeros((n_systems, 6), dtype=virial.dtype, device=virial.device)
+        sout.scatter_reduce_(0, batch.unsqueeze(-1).expand_as(s), s, reduce="sum")
+        volume = data[self.key_cell_volume]
+        volume[volume < 1e-3] = 1e-3  # sevenn's floor for non-periodic structures (volume 0), in place as sevenn
+        data[self.key_stress] = torch.neg(sout) / volume.unsqueeze(-1)
+    return data
+
+
+# sevenn's modules that size a buffer from the data, and their fixed-size forwards
+_FIXED_SIZE = {"AtomReduce": ("sevenn.nn.linear", _reduce_forward),
+               "ForceStressOutputFromEdge": ("sevenn.nn.force_output", _force_stress_forward)}
+
+
+@functools.cache
+def _fixed_size_class(name: str) -> type:
+    """sevenn's module class ``name`` with its fixed-size forward: a subclass,
+    so the store's key (the modules' classes) tells the two apart."""
+    import importlib
+
+    module, forward = _FIXED_SIZE[name]
+    base = getattr(importlib.import_module(module), name)
+    return type(f"FixedSize{name}", (base,), {
+        "forward": forward, "__module__": __name__, "__qualname__": f"FixedSize{name}",
+        "__doc__": f"sevenn's ``{name}`` with the sizes the padded input fixes (ddpad's compile copy).",
+    })
+
+
+def __getattr__(name: str) -> type:
+    """The fixed-size classes by name (what unpickling a prepared model looks up)."""
+    if name.startswith("FixedSize") and name[len("FixedSize"):] in _FIXED_SIZE:
+        return _fixed_size_class(name[len("FixedSize"):])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
     """A compile-ready copy of ``model``: batch mode, evaluation mode except
     the force module, which stays in training mode (``create_graph=True``:
     the traced ``autograd.grad`` needs the retained graph; in evaluation
     mode Dynamo broke the model into 22 graphs in 12 frames), and no
-    parameter gradients."""
+    parameter gradients.
+
+    sevenn sizes its energy and stress buffers with ``int(batch.max()) + 1``
+    systems and its force buffers with ``num_atoms.sum()`` atoms: sizes read
+    from the data, which an ahead-of-time trace cannot fix (a data-dependent
+    size). On a padded input both are what its shapes already say (the dead
+    system is the last and counts the dead atoms), so the copy's
+    ``AtomReduce`` and ``ForceStressOutputFromEdge`` take them from the
+    shapes (:func:`_fixed_size_class`; the same operations otherwise)."""
     prepared = copy.deepcopy(model)
+    for module in prepared.modules():
+        name = type(module).__name__
+        if name in _FIXED_SIZE and type(module).__module__ == _FIXED_SIZE[name][0]:
+            module.__class__ = _fixed_size_class(name)
     prepared.set_is_batch_data(True)
     prepared.eval()
     force = prepared._modules.get("force_output")
@@ -345,6 +443,7 @@ default_system = diamond_carbon
 
 ADAPTER = builtin_adapter(
     "sevennet",
+    requires=("sevenn",),  # import names, the model package's first
     make_padder=make_padder,
     energy_key=ENERGY,
     cutoff=_cutoff,
