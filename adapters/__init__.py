@@ -1,15 +1,17 @@
-"""Per-model adapters and their registry.
+"""Per-model adapters, and the registry's public face.
 
 ``get(name)`` returns an :class:`Adapter`; ``available()`` lists names
-without importing any model package or plugin. Third-party packages add
-adapters through the entry-point group ``ddpad.adapters``::
+without importing any model package or plugin. The registry is the core's
+(``ddpad._registry``): the built-in adapters below are entry points of
+ddpad's own distribution, in the same group third-party packages add theirs
+to, ``ddpad.adapters``::
 
     [project.entry-points."ddpad.adapters"]
     mymodel = "mypkg.ddpad_adapter:ADAPTER"
 """
 
-from ._adapter import Adapter
-from ._registry import (
+from ddpad._adapter import Adapter
+from ddpad._registry import (
     ENTRY_POINT_GROUP,
     AdapterNotFound,
     AdapterUnavailable,

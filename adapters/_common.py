@@ -1,18 +1,15 @@
-"""What several built-in adapters share: their declaration from the registry's
-entry, stress layout, detached derivatives, structures and the default system."""
+"""What several built-in adapters share: their declaration, stress layout,
+detached derivatives and the default system."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Iterable, MutableMapping
 from typing import Any
 
 import torch
-from ddpad._noise import quiet
 from torch import Tensor
 
-from ._adapter import Adapter
-from ._registry import builtin_declaration
+from . import Adapter
 
 __all__ = ["builtin_adapter", "detach", "diamond_carbon", "voigt_to_full"]
 
@@ -20,25 +17,12 @@ __all__ = ["builtin_adapter", "detach", "diamond_carbon", "voigt_to_full"]
 _VOIGT_INDEX = ((0, 5, 4), (5, 1, 3), (4, 3, 2))
 
 
-def builtin_adapter(name: str, **fields: Any) -> Adapter:
-    """The built-in adapter ``name``: ``fields`` plus what the registry
-    declares for it (``requires``, ``install_hint``), kept in one place.
-    Building or loading a model runs inside :func:`ddpad._noise.quiet`: the
-    model package's known warnings (TorchScript annotations, e3nn's
-    ``torch.load``) are raised because ddpad builds it."""
-    for hook in ("random_model", "load_model"):
-        if fields.get(hook) is not None:
-            fields[hook] = _quietly(fields[hook])
-    return Adapter(name=name, **builtin_declaration(name), **fields)
-
-
-def _quietly(build: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(build)
-    def quietly(*args: Any, **kwargs: Any) -> Any:
-        with quiet():
-            return build(*args, **kwargs)
-
-    return quietly
+def builtin_adapter(name: str, *, requires: tuple[str, ...], **fields: Any) -> Adapter:
+    """The built-in adapter ``name`` (an entry point of ddpad's own
+    distribution, ``pyproject.toml``), needing ``requires`` (import names,
+    the model package's first); its install hint is left to the registry,
+    which gives every built-in ddpad's extra of its name."""
+    return Adapter(name=name, requires=requires, **fields)
 
 
 def voigt_to_full(voigt: Tensor) -> Tensor:

@@ -48,7 +48,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and readers
     from ._store import CompileStore, default_store_dir, model_fingerprint
     from ._strict import RecompileError
     from ._structures import Composition, NeighborList, Structures
-    from ._wrap import resolve_adapter, wrap
+    from ._registry import resolve_adapter
+    from ._wrap import wrap
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
@@ -68,7 +69,8 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(('CompileStore', 'default_store_dir', 'model_fingerprint'), "._store"),
     "RecompileError": "._strict",
     **dict.fromkeys(('Composition', 'NeighborList', 'Structures'), "._structures"),
-    **dict.fromkeys(('resolve_adapter', 'wrap'), "._wrap"),
+    "resolve_adapter": "._registry",
+    "wrap": "._wrap",
 }
 
 __all__ = [

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from ddpad import GraphPadder
+
+from ._noise import quiet
+from ._protocol import GraphPadder
 
 if TYPE_CHECKING:
     from ddpad import PaddedModel
@@ -48,16 +51,15 @@ class Adapter:
         engines to ``build_input``, as they go without it.
     install_hint
         The pip command that installs the model package. A built-in
-        adapter's comes from its registry entry (``ddpad.adapters._registry``),
-        the one place it is written.
+        adapter leaves it empty: the registry gives it ddpad's extra of its
+        name, the one place that command is written.
     requires
         IMPORT names (not distribution names) of the packages the adapter
         needs, the model package's own FIRST (mace: ``("mace", "e3nn")``,
         allegro: ``("allegro", "nequip")``): the registry imports each
         before handing the adapter out (missing: ``pip install`` hint;
         failing to import: reported as broken), and the compile store keys
-        on the versions of their distributions. A built-in adapter's come
-        from its registry entry, as ``install_hint``.
+        on the versions of their distributions.
     pad_in_forward
         The model builds its graph in ``forward`` and pads at its own seam
         through ``current_dd_context().maybe_pad_graph`` (UMA style).
@@ -81,9 +83,12 @@ class Adapter:
         None when the model computes no stress.
     random_model
         Optional ``(dtype, device) -> model``: a small randomly initialised
-        model from the package's own classes (``ddpad run`` without ``--model``).
+        model from the package's own classes (``ddpad run`` without
+        ``--model``). It runs with the model packages' known warnings and
+        banners silenced (they are raised because ddpad builds the model).
     load_model
-        Optional ``(path, device) -> model``: load a local checkpoint.
+        Optional ``(path, device) -> model``: load a local checkpoint
+        (silenced as ``random_model``).
     default_system
         Optional ``() -> ase.Atoms | list[ase.Atoms]``: the built-in system of
         ``ddpad run`` (periodic bulk or a set of molecules).
@@ -138,7 +143,7 @@ class Adapter:
     energy_key: str
     cutoff: Callable[[torch.nn.Module], float]
     build_input: Callable[..., Any]
-    install_hint: str
+    install_hint: str = ""
     tensor_input: Callable[[torch.nn.Module], Callable[[Any], Any]] | None = None
     atom_outputs: tuple[str, ...] = ()
     system_outputs: tuple[str, ...] = ()
@@ -162,6 +167,12 @@ class Adapter:
     call_forms: tuple[Mapping[str, Any], ...] = ()
     grad_input: str | None = None
     positions_key: str = "positions"
+
+    def __post_init__(self) -> None:
+        for hook in ("random_model", "load_model"):
+            build = getattr(self, hook)
+            if build is not None and not getattr(build, "_ddpad_quiet", False):
+                object.__setattr__(self, hook, _quietly(build))
 
     @property
     def flat_energy_key(self) -> str:
@@ -193,6 +204,17 @@ class Adapter:
 
     def wrap(self, model: torch.nn.Module, *, compile: bool = True, **kwargs: Any) -> PaddedModel:
         """``ddpad.wrap(model, self, ...)``: the fixed-shape (compiled) model."""
-        from ddpad import wrap
+        import ddpad  # the public face: wrap sits above this record
 
-        return wrap(model, self, compile=compile, **kwargs)
+        return ddpad.wrap(model, self, compile=compile, **kwargs)
+
+
+def _quietly(build: Callable[..., Any]) -> Callable[..., Any]:
+    """``build`` run inside :func:`ddpad._noise.quiet`."""
+    @functools.wraps(build)
+    def quietly(*args: Any, **kwargs: Any) -> Any:
+        with quiet():
+            return build(*args, **kwargs)
+
+    quietly._ddpad_quiet = True  # type: ignore[attr-defined]  # (replace() builds the record again)
+    return quietly

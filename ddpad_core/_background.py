@@ -251,11 +251,11 @@ def write_spec(folder: pathlib.Path, owner: _Owner, caps: Mapping[str, int], sto
     """Save what a worker needs to rebuild ``owner``'s model at ``caps`` and
     call it once on ``data`` (now: the caller may reuse its input's tensors
     before the worker starts); returns the spec's path."""
-    from ddpad import adapters
+    from ._registry import get
 
     adapter: Any = owner.adapter.name
     with contextlib.suppress(Exception):
-        if adapters.get(adapter) is not owner.adapter:
+        if get(adapter) is not owner.adapter:
             adapter = owner.adapter
     spec = folder / f"{uuid.uuid4().hex}.pt"
     try:

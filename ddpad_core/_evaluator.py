@@ -13,10 +13,11 @@ from ._options import WrapOptions
 from ._padded import PaddedModel
 from ._stats import Stats
 from ._structures import Structures
-from ._wrap import resolve_adapter, wrap
+from ._registry import resolve_adapter
+from ._wrap import wrap
 
 if TYPE_CHECKING:
-    from ddpad.adapters import Adapter
+    from ._adapter import Adapter
 
 __all__ = ["Evaluator", "UnpaddedCompiled"]
 

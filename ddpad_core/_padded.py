@@ -45,7 +45,7 @@ from ._verify import FirstUse
 from ._warm import warm, warm_rungs
 
 if TYPE_CHECKING:
-    from ddpad.adapters import Adapter
+    from ._adapter import Adapter
 
 __all__ = ["PaddedModel"]
 

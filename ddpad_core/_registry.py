@@ -1,27 +1,29 @@
-"""Adapter registry: built-ins plus plugins from the ``ddpad.adapters``
-entry-point group, discovered by name and loaded on first use."""
+"""The adapter registry: every adapter, built-in or plugin, found through
+the ``ddpad.adapters`` entry-point group (ddpad's own distribution declares
+the built-ins there, in ``pyproject.toml``), loaded on first use and kept
+for the process; adapters registered in the process beside them. Public as
+``ddpad.adapters``."""
 
 from __future__ import annotations
 
-import contextvars
 import importlib
 import importlib.metadata
 import importlib.util
 import pathlib
+import threading
 import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from types import MappingProxyType
+from dataclasses import replace
 from typing import Any
 
-from ddpad._noise import quiet
-from ddpad._version import install_command
-
 from ._adapter import Adapter
+from ._noise import quiet
+from ._version import install_command
 
-__all__ = ["AdapterNotFound", "AdapterUnavailable", "available", "get", "register", "status"]
+__all__ = ["ENTRY_POINT_GROUP", "AdapterNotFound", "AdapterUnavailable", "available", "get", "register", "status",
+           "resolve_adapter"]
 
 ENTRY_POINT_GROUP = "ddpad.adapters"
+_DISTRIBUTION = "ddpad"  # whose entry points are the built-ins
 
 
 class AdapterNotFound(KeyError):
@@ -35,72 +37,73 @@ class AdapterUnavailable(ImportError):
     """The adapter exists but cannot be used here. ``reason`` says why:
     ``"missing"`` (its model package is not installed), ``"broken"`` (the
     model package or the plugin is installed but fails to import) or
-    ``"unavailable"`` (not an adapter, or not implemented yet).
+    ``"unavailable"`` (not an adapter).
     ``install_hint`` is the command that installs what is missing, when known."""
 
     def __init__(self, message: str, *, install_hint: str | None = None, reason: str = "unavailable") -> None:
         super().__init__(message)
         self.install_hint = install_hint
         self.reason = reason
+        self.requires: tuple[str, ...] | None = None  # what the adapter needs, where it loaded
 
 
-@dataclass(frozen=True)
-class _Builtin:
-    """A built-in adapter's entry: where it is and, read without importing it
-    (``ddpad list``), what it needs. The one place ``requires`` and
-    ``install_hint`` of a built-in are written (:func:`builtin_declaration`)."""
+class _Registry:
+    """The registry's one piece of state: adapters registered in this
+    process and adapters loaded from entry points, by name, behind a lock,
+    so that a registration in one thread is seen by every other."""
 
-    target: str | None  # "module:attr"; None while the adapter is not built yet
-    requires: tuple[str, ...]  # import names, the model package's first
-    install_hint: str
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._registered: dict[str, Adapter] = {}
+        self._loaded: dict[str, Adapter] = {}
 
+    def known(self, name: str) -> Adapter | None:
+        with self._lock:
+            return self._loaded.get(name) or self._registered.get(name)
 
-_BUILTINS: Mapping[str, _Builtin] = MappingProxyType({
-    "mace": _Builtin("ddpad.adapters.mace:ADAPTER", ("mace", "e3nn"), install_command("mace")),
-    "uma": _Builtin("ddpad.adapters.uma:ADAPTER", ("fairchem.core",), install_command("uma")),
-    "aimnet2": _Builtin("ddpad.adapters.aimnet2:ADAPTER", ("aimnet",), install_command("aimnet2")),
-    "sevennet": _Builtin("ddpad.adapters.sevennet:ADAPTER", ("sevenn",), install_command("sevennet")),
-    "nequip": _Builtin("ddpad.adapters.nequip:ADAPTER", ("nequip",), install_command("nequip")),
-    "allegro": _Builtin("ddpad.adapters.allegro:ADAPTER", ("allegro", "nequip"), install_command("allegro")),
-    "orb": _Builtin("ddpad.adapters.orb:ADAPTER", ("orb_models",), install_command("orb")),
-    "mattersim": _Builtin("ddpad.adapters.mattersim:ADAPTER", ("mattersim",), install_command("mattersim")),
-})
+    def registered(self) -> set[str]:
+        with self._lock:
+            return set(self._registered)
 
+    def register(self, adapter: Adapter, replace_existing: bool) -> None:
+        with self._lock:
+            if adapter.name in self._registered and not replace_existing:
+                raise ValueError(f"adapter {adapter.name!r} is already registered (pass replace_existing=True)")
+            self._registered[adapter.name] = adapter
+            self._loaded.pop(adapter.name, None)
 
-def builtin_declaration(name: str) -> dict[str, Any]:
-    """``requires`` and ``install_hint`` of the built-in adapter ``name``, for
-    its :class:`Adapter` declaration."""
-    builtin = _BUILTINS[name]
-    return {"requires": builtin.requires, "install_hint": builtin.install_hint}
-
-
-@dataclass(frozen=True)
-class _State:
-    registered: Mapping[str, Adapter]
-    loaded: Mapping[str, Adapter]
+    def loaded(self, adapter: Adapter) -> Adapter:
+        """``adapter`` kept as loaded; the one kept first where two threads loaded it at once."""
+        with self._lock:
+            return self._loaded.setdefault(adapter.name, adapter)
 
 
-# Registrations and the load cache live in a context variable (no module-level
-# mutable state); updates replace the immutable value.
-_STATE: contextvars.ContextVar[_State] = contextvars.ContextVar(
-    "ddpad_adapters", default=_State(MappingProxyType({}), MappingProxyType({}))  # noqa: B039 - frozen, read-only
-)
+_REGISTRY = _Registry()
 
 
-def _plugins() -> dict[str, importlib.metadata.EntryPoint]:
-    """Entry points of the group, by name; clashes with built-ins warn and lose."""
-    found: dict[str, importlib.metadata.EntryPoint] = {}
+def _entry_points() -> tuple[dict[str, importlib.metadata.EntryPoint], dict[str, importlib.metadata.EntryPoint]]:
+    """The group's entry points by name: ddpad's own (the built-ins) and
+    the plugins'; a plugin that takes a built-in's name warns and loses."""
+    builtins: dict[str, importlib.metadata.EntryPoint] = {}
+    plugins: dict[str, importlib.metadata.EntryPoint] = {}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _BUILTINS:
-            warnings.warn(
-                f"ddpad: plugin adapter {ep.name!r} ({ep.value}) clashes with the "
-                "built-in adapter of that name; the built-in is used",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            continue
-        found.setdefault(ep.name, ep)
-    return found
+        dist = getattr(ep, "dist", None)
+        if dist is not None and _normal(dist.name) == _DISTRIBUTION:
+            builtins.setdefault(ep.name, ep)
+        else:
+            plugins.setdefault(ep.name, ep)
+    for name in sorted(set(plugins) & set(builtins)):
+        warnings.warn(
+            f"ddpad: plugin adapter {name!r} ({plugins.pop(name).value}) clashes with the "
+            "built-in adapter of that name; the built-in is used",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return builtins, plugins
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
 
 
 def available() -> list[str]:
@@ -108,8 +111,8 @@ def available() -> list[str]:
 
     Imports no model package and no plugin.
     """
-    names = set(_BUILTINS) | set(_STATE.get().registered) | set(_plugins())
-    return sorted(names)
+    builtins, plugins = _entry_points()
+    return sorted(set(builtins) | _REGISTRY.registered() | set(plugins))
 
 
 def _unavailable(name: str, requires: tuple[str, ...], install_hint: str) -> AdapterUnavailable | None:
@@ -184,7 +187,7 @@ def _missing(requires: tuple[str, ...]) -> list[str]:
 
 
 def register(adapter: Adapter, *, replace_existing: bool = False) -> None:
-    """Register ``adapter`` in this process (and this context) under its name.
+    """Register ``adapter`` in this process (seen from every thread) under its name.
 
     Raises
     ------
@@ -194,20 +197,9 @@ def register(adapter: Adapter, *, replace_existing: bool = False) -> None:
     """
     if not isinstance(adapter, Adapter):
         raise TypeError(f"register() takes an Adapter, got {type(adapter).__name__}")
-    if adapter.name in _BUILTINS:
+    if adapter.name in _entry_points()[0]:
         raise ValueError(f"{adapter.name!r} is a built-in adapter name; choose another")
-    state = _STATE.get()
-    if adapter.name in state.registered and not replace_existing:
-        raise ValueError(f"adapter {adapter.name!r} is already registered (pass replace_existing=True)")
-    loaded = {k: v for k, v in state.loaded.items() if k != adapter.name}
-    _STATE.set(_State(MappingProxyType({**state.registered, adapter.name: adapter}), MappingProxyType(loaded)))
-
-
-def _load_target(name: str, target: str) -> Any:
-    module_name, _, attr = target.partition(":")
-    with quiet():
-        module = importlib.import_module(module_name)
-    return getattr(module, attr) if attr else module
+    _REGISTRY.register(adapter, replace_existing)
 
 
 def _check_adapter(name: str, obj: Any, origin: str) -> Adapter:
@@ -232,48 +224,47 @@ def get(name: str) -> Adapter:
     AdapterUnavailable
         The model package is missing (the message gives the pip command), it
         or the plugin is installed but fails to import (``reason ==
-        "broken"``: the message is the failure's last line and the fix), or
-        the adapter is not implemented yet. Every required package is
+        "broken"``: the message is the failure's last line and the fix).
+        Every required package is
         imported here, so a broken one is met here, not halfway through a run.
     """
-    state = _STATE.get()
-    if name in state.loaded:
-        return state.loaded[name]
-    if name in state.registered:
-        return state.registered[name]
-    builtin = _BUILTINS.get(name)
-    if builtin is not None:
-        if builtin.target is None:
-            raise AdapterUnavailable(
-                f"ddpad adapter {name!r} is declared but not implemented in ddpad "
-                f"{_version()} yet; no model can be wrapped with it"
-            )
-        problem = _unavailable(name, builtin.requires, builtin.install_hint)
-        if problem is not None:
-            raise problem
-        adapter = _check_adapter(name, _load_target(name, builtin.target), "ddpad")
-    else:
-        plugins = _plugins()
-        if name not in plugins:
-            raise AdapterNotFound(
-                f"unknown ddpad adapter {name!r}; known adapters: {', '.join(available())}"
-            )
-        ep = plugins[name]
-        try:
-            with quiet():
-                obj = ep.load()
-        except Exception as exc:
-            raise AdapterUnavailable(
-                f"ddpad plugin adapter {name!r} ({ep.value}) failed to import: "
-                f"{type(exc).__name__}: {exc}",
-                reason="broken",
-            ) from exc
-        adapter = _check_adapter(name, obj, f"plugin {ep.value}")
-        problem = _unavailable(name, adapter.requires, adapter.install_hint)
-        if problem is not None:
-            raise problem
-    _STATE.set(_State(state.registered, MappingProxyType({**state.loaded, name: adapter})))
-    return adapter
+    known = _REGISTRY.known(name)
+    if known is not None:
+        return known
+    builtins, plugins = _entry_points()
+    builtin = name in builtins
+    ep = builtins.get(name) or plugins.get(name)
+    if ep is None:
+        raise AdapterNotFound(f"unknown ddpad adapter {name!r}; known adapters: {', '.join(available())}"
+                              + ("" if builtins else _UNINSTALLED))
+    origin = "ddpad" if builtin else f"plugin {ep.value}"
+    try:
+        with quiet():
+            obj = ep.load()
+    except Exception as exc:
+        raise AdapterUnavailable(
+            f"ddpad {'adapter' if builtin else 'plugin adapter'} {name!r} ({ep.value}) failed to import: "
+            f"{type(exc).__name__}: {exc}",
+            reason="broken",
+        ) from exc
+    adapter = _check_adapter(name, obj, origin)
+    if builtin and not adapter.install_hint:
+        adapter = replace(adapter, install_hint=install_command(name))  # ddpad's extra of that name
+    problem = _unavailable(name, adapter.requires, adapter.install_hint)
+    if problem is not None:
+        problem.requires = adapter.requires
+        raise problem
+    return _REGISTRY.loaded(adapter)
+
+
+# where ddpad runs from a source tree that was never installed, its entry points are not there
+_UNINSTALLED = (" (no built-in adapter found: ddpad's built-ins are entry points of its installed "
+                "distribution; install it: pip install -e .)")
+
+
+def resolve_adapter(adapter: Adapter | str) -> Adapter:
+    """An :class:`Adapter`, looked up by name if need be."""
+    return get(adapter) if isinstance(adapter, str) else adapter
 
 
 def status(name: str) -> dict[str, Any]:
@@ -283,10 +274,9 @@ def status(name: str) -> dict[str, Any]:
     ``"missing"``, ``"broken"``, ``"unavailable"``), whether it is usable
     (``ok``), what it requires, the install hint and the error if any.
     Loading it imports its model package (the only way to know it works)."""
-    kind = "built-in" if name in _BUILTINS else "registered" if name in _STATE.get().registered else "plugin"
+    builtin = name in _entry_points()[0]
+    kind = "built-in" if builtin else "registered" if name in _REGISTRY.registered() else "plugin"
     info: dict[str, Any] = {"name": name, "kind": kind, "ok": True, "state": "installed", "error": None}
-    if name in _BUILTINS:
-        info["requires"] = list(_BUILTINS[name].requires)
     try:
         adapter = get(name)
         info["install_hint"] = adapter.install_hint
@@ -294,15 +284,11 @@ def status(name: str) -> dict[str, Any]:
     except (AdapterUnavailable, AdapterNotFound) as exc:
         info.update(ok=False, error=str(exc), state=getattr(exc, "reason", "unavailable"))
         hint = getattr(exc, "install_hint", None)
-        if hint is None and name in _BUILTINS:
-            hint = _BUILTINS[name].install_hint
+        if hint is None and builtin:
+            hint = install_command(name)
         if hint is not None:
             info["install_hint"] = hint
+        requires = getattr(exc, "requires", None)
+        if requires is not None:
+            info["requires"] = list(requires)
     return info
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("ddpad")
-    except importlib.metadata.PackageNotFoundError:
-        return "(uninstalled)"

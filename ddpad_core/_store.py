@@ -59,7 +59,7 @@ from ._version import __version__
 from ._weights import plain
 
 if TYPE_CHECKING:
-    from ddpad.adapters import Adapter
+    from ._adapter import Adapter
 
 __all__ = ["CompileStore", "StoreBinding", "aot_binding", "bind_store", "default_store_dir", "model_fingerprint",
            "store_environment"]

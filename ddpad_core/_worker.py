@@ -63,7 +63,8 @@ def main(spec_path: str, parent: int) -> int:
     finally:
         with contextlib.suppress(OSError):
             path.unlink()
-    from ._wrap import padded_model, resolve_adapter
+    from ._registry import resolve_adapter
+    from ._wrap import padded_model
 
     adapter = resolve_adapter(spec["adapter"])
     # (unchecked here: the run checks what it loads on its first use, as it checks all it compiles)

@@ -18,19 +18,12 @@ from ._noise import quiet
 from ._padded import PaddedModel
 from ._protocol import GraphPadder
 
+from ._registry import resolve_adapter
+
 if TYPE_CHECKING:
-    from ddpad.adapters import Adapter
+    from ._adapter import Adapter
 
-__all__ = ["padded_model", "resolve_adapter", "wrap"]
-
-
-def resolve_adapter(adapter: Adapter | str) -> Adapter:
-    """An :class:`~ddpad.adapters.Adapter`, looked up by name if need be."""
-    if isinstance(adapter, str):
-        from ddpad import adapters
-
-        return adapters.get(adapter)
-    return adapter
+__all__ = ["padded_model", "wrap"]
 
 
 def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder | None = None,

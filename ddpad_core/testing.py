@@ -38,7 +38,7 @@ from torch import Tensor
 
 from ._padded import PaddedModel
 from ._version import install_command
-from ._wrap import resolve_adapter
+from ._registry import resolve_adapter
 
 __all__ = [
     "AdapterTests",

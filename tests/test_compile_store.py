@@ -59,9 +59,10 @@ def test_model_key_follows_the_model_packages_distribution_version(
     import dataclasses
     import importlib.metadata
 
-    from ddpad.adapters._registry import _BUILTINS
+    from ddpad import adapters
 
-    declared = dataclasses.replace(toy.ADAPTER, name=adapter, requires=_BUILTINS[adapter].requires)
+    requires = tuple(adapters.status(adapter)["requires"])  # the built-in's, installed or not
+    declared = dataclasses.replace(toy.ADAPTER, name=adapter, requires=requires)
     provides = {"mace": ["mace-torch"], "e3nn": ["e3nn"], "allegro": ["nequip-allegro"], "nequip": ["nequip"]}
     versions = {"mace-torch": "0.3.14", "e3nn": "0.4.4", "nequip-allegro": "0.8.2", "nequip": "0.14.0"}
     monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: provides)

@@ -209,6 +209,9 @@ def test_run_on_a_broken_model_package_is_one_error_line(tmp_path: pathlib.Path)
     assert "Traceback" not in res.stderr + res.stdout
 
 
+BUILTINS = ("mace", "uma", "aimnet2", "sevennet", "nequip", "allegro", "orb", "mattersim")
+
+
 def test_every_install_hint_names_the_torch_pin() -> None:
     """The hints said ``pip install 'ddpad[X]'`` while the README installs
     ``torch==2.13.0`` with every extra (a model package's own torch
@@ -217,11 +220,10 @@ def test_every_install_hint_names_the_torch_pin() -> None:
     import re
 
     from ddpad._version import TORCH_PIN, install_command
-    from ddpad.adapters import _registry
     from ddpad.engines import lammps, nvalchemi
 
     assert install_command("mace") == f"pip install {TORCH_PIN} 'ddpad[mace]'"
-    hints = [adapters.status(name)["install_hint"] for name in _registry._BUILTINS]
+    hints = [adapters.status(name)["install_hint"] for name in BUILTINS]
     for hint in [*hints, nvalchemi.INSTALL_HINT, lammps.INSTALL_HINT]:
         assert hint.startswith(f"pip install {TORCH_PIN} 'ddpad["), hint
     root = pathlib.Path(__file__).resolve().parents[1]
@@ -231,18 +233,56 @@ def test_every_install_hint_names_the_torch_pin() -> None:
     assert TORCH_PIN in (root / "README.md").read_text(encoding="utf-8")
 
 
-def test_builtin_declarations_come_from_the_registry() -> None:
-    """``requires`` (import names, the model package's first) and
-    ``install_hint`` of a built-in are written once, in the registry, and
-    its adapter module carries them without declaring them again."""
-    from ddpad.adapters import _registry
-    from ddpad.adapters._common import builtin_adapter
+@pytest.mark.parametrize("name", BUILTINS)
+def test_builtins_are_entry_points_of_ddpad_itself(name: str) -> None:
+    """The built-ins are found as plugins are, through the entry-point group
+    (declared by ddpad's own distribution); each declares what it requires
+    (import names, its model package's first) and the registry gives it
+    ddpad's extra of its name as the install hint, installed or not."""
+    import importlib.metadata
 
-    for name, entry in _registry._BUILTINS.items():
-        assert entry.install_hint == f"pip install torch==2.13.0 'ddpad[{name}]'"
-        assert entry.requires and all(isinstance(r, str) for r in entry.requires)
-    assert _registry._BUILTINS["mace"].requires[0] == "mace"
-    assert _registry._BUILTINS["allegro"].requires[0] == "allegro"
-    adapter = builtin_adapter("orb", make_padder=lambda m: ddpad.COOPadder(1.0), energy_key="energy",
-                              cutoff=lambda m: 1.0, build_input=lambda m, atoms: atoms)
-    assert adapter.requires == ("orb_models",) and adapter.install_hint == "pip install torch==2.13.0 'ddpad[orb]'"
+    eps = [ep for ep in importlib.metadata.entry_points(group=adapters.ENTRY_POINT_GROUP) if ep.name == name]
+    assert [ep.value for ep in eps if ep.dist is not None and ep.dist.name == "ddpad"] == [
+        f"ddpad.adapters.{name}:ADAPTER"]
+    info = adapters.status(name)
+    assert info["kind"] == "built-in" and info["install_hint"] == f"pip install torch==2.13.0 'ddpad[{name}]'"
+    first = {"sevennet": "sevenn", "orb": "orb_models", "uma": "fairchem.core", "aimnet2": "aimnet"}.get(name, name)
+    assert info["requires"] and info["requires"][0] == first, info
+
+
+def test_a_registration_is_seen_from_every_thread() -> None:
+    """The registry lived in a context variable: an adapter registered in one
+    thread was unknown in another (and a registration in a worker thread
+    was lost to the main one)."""
+    import threading
+
+    seen: dict[str, object] = {}
+    adapters.register(_toy_adapter("fromhere"), replace_existing=True)
+
+    def other() -> None:
+        seen["main's"] = adapters.get("fromhere").name
+        adapters.register(_toy_adapter("fromthere"), replace_existing=True)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen == {"main's": "fromhere"}
+    assert adapters.get("fromthere").name == "fromthere" and "fromthere" in adapters.available()
+
+
+def test_building_a_model_is_quiet_for_every_adapter() -> None:
+    """``random_model`` / ``load_model`` run with the model packages' known
+    warnings silenced, whoever declared the adapter (built-ins did so
+    themselves, plugins did not); a record built again keeps one wrapper."""
+    def noisy(dtype: object, device: object) -> str:
+        warnings.warn("The TorchScript type system doesn't support instance-level annotations on empty "
+                      "non-base types", UserWarning)  # one of ddpad's known noises (e3nn's)
+        return "model"
+
+    adapter = dataclasses.replace(_toy_adapter("noisy"), random_model=noisy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert adapter.random_model(None, "cpu") == "model"
+    assert not caught, [str(w.message) for w in caught]
+    again = dataclasses.replace(adapter, name="again")
+    assert again.random_model is adapter.random_model

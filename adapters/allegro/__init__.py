@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from ddpad.adapters.nequip import _dtype_name, build_random, load_model, make_adapter
+from ddpad.adapters.nequip import build_random, dtype_name, load_model, make_adapter
 
 __all__ = ["ADAPTER", "random_model", "random_model_config"]
 
@@ -36,7 +36,7 @@ def random_model_config(
     names = [chemical_symbols[int(z)] for z in atomic_numbers]  # type names = element symbols
     return {
         "_target_": "allegro.model.AllegroModel",
-        "seed": seed, "model_dtype": _dtype_name(dtype), "type_names": names, "r_max": r_max,
+        "seed": seed, "model_dtype": dtype_name(dtype), "type_names": names, "r_max": r_max,
         "l_max": 1, "num_layers": 2, "num_scalar_features": 16, "num_tensor_features": 4,
         "radial_chemical_embed": {"_target_": "allegro.nn.TwoBodyBesselScalarEmbed", "num_bessels": 8},
         "allegro_mlp_hidden_layers_depth": 1, "allegro_mlp_hidden_layers_width": 16,
@@ -56,6 +56,7 @@ def random_model(dtype: torch.dtype = torch.float64, device: str = "cpu", **conf
 
 ADAPTER = make_adapter(
     "allegro",
+    requires=("allegro", "nequip"),  # import names, the model package's first
     random_model=random_model,
     load_model=load_model,
     message_layers=lambda model: 1,  # strictly local: its layers act on an atom's own edges

@@ -289,6 +289,7 @@ default_system = diamond_carbon
 
 ADAPTER = builtin_adapter(
     "mace",
+    requires=("mace", "e3nn"),  # import names, the model package's first
     make_padder=make_padder,
     energy_key="energy",
     cutoff=_cutoff,

@@ -50,10 +50,13 @@ __all__ = [
     "NequIPPadder",
     "build_input",
     "build_model",
+    "build_random",
     "default_system",
+    "dtype_name",
     "evaluate",
     "global_state",
     "load_model",
+    "make_adapter",
     "make_padder",
     "prepare_model",
     "properties",
@@ -417,7 +420,7 @@ def random_model_config(
     names = [chemical_symbols[int(z)] for z in atomic_numbers]  # type names = element symbols
     return {
         "_target_": "nequip.model.NequIPGNNModel",
-        "seed": seed, "model_dtype": _dtype_name(dtype), "type_names": names, "r_max": r_max,
+        "seed": seed, "model_dtype": dtype_name(dtype), "type_names": names, "r_max": r_max,
         "num_layers": 2, "l_max": 1, "num_features": 8, "radial_mlp_depth": 1, "radial_mlp_width": 16,
         "num_bessels": 8, "avg_num_neighbors": 10.0,
         "per_type_energy_shifts": {t: -1.0 - 0.8 * i for i, t in enumerate(names)},
@@ -425,7 +428,7 @@ def random_model_config(
     }
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"nequip models are float32 or float64, got {dtype}")
     return "float64" if dtype == torch.float64 else "float32"
@@ -510,6 +513,7 @@ def make_adapter(name: str, **fields: Any) -> Adapter:
 
 ADAPTER = make_adapter(
     "nequip",
+    requires=("nequip",),  # import names, the model package's first
     random_model=random_model,
     load_model=load_model,
 )

@@ -554,6 +554,7 @@ default_system = diamond_carbon
 
 ADAPTER = builtin_adapter(
     "orb",
+    requires=("orb_models",),  # import names, the model package's first
     make_padder=make_padder,
     energy_key="energy",
     cutoff=_cutoff,

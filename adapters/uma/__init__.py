@@ -274,6 +274,7 @@ def _load_model(path: str, device: str = "cpu") -> torch.nn.Module:
 
 ADAPTER = builtin_adapter(
     "uma",
+    requires=("fairchem.core",),  # import names, the model package's first
     make_padder=make_padder,
     energy_key="energy",
     cutoff=_cutoff,

@@ -398,12 +398,16 @@ class PadderBase:
             return f"the length of {self.system_count!r}"
         return "the largest label + 1"
 
-    def _dead_system(self, n_systems: int, s_cap: int) -> int:
-        """Index of the system the dead atoms belong to."""
+    def dead_system(self, n_systems: int, s_cap: int) -> int:
+        """Index of the system the dead atoms belong to (a hook for
+        subclasses that pad fields of their own: a padder with per-system
+        counts of its own puts the dead rows' count there)."""
         return s_cap - 1 if self.placement == "own" else max(n_systems - 1, 0)
 
-    def _buffer(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
-        """A persistent buffer, reallocated only when shape, dtype or device change."""
+    def buffer(self, name: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """A persistent buffer called ``name``, reallocated only when shape,
+        dtype or device change (a hook for subclasses: write a field of
+        their own into it, so the compiled graph's input keeps its storage)."""
         buf = self._buffers.get(name)
         if buf is None or buf.shape != shape or buf.dtype != like.dtype or buf.device != like.device:
             buf = torch.empty(shape, dtype=like.dtype, device=like.device)
@@ -420,7 +424,7 @@ class PadderBase:
             if name in data and name not in plan.aliases:
                 real = data[name]
                 fill = self._fill_value(spec, real, dead_system)
-                rows = _Rows(self._buffer(name, (n_cap, *real.shape[1:]), real), fill)
+                rows = _Rows(self.buffer(name, (n_cap, *real.shape[1:]), real), fill)
                 plan.add(name, rows, real, dim, view_dim=view_dim)
                 if fill is Fill.LAST_REAL:
                     plan.last_real.append((rows, 0))
@@ -463,7 +467,7 @@ class PadderBase:
                     f"ddpad: per-system field {name!r} has {real.shape[0]} rows, not a multiple of {s} systems"
                 )
             fill = self._fill_value(spec, real, dead_system)
-            rows = _Rows(self._buffer(name, (s_cap * unit, *real.shape[1:]), real), fill, unit=unit)
+            rows = _Rows(self.buffer(name, (s_cap * unit, *real.shape[1:]), real), fill, unit=unit)
             plan.add(name, rows, real, dim)
             if fill is Fill.LAST_REAL:
                 plan.last_real.append((rows, dim))
@@ -473,7 +477,7 @@ class PadderBase:
         if self.ptr is not None and self.ptr in data and self.ptr not in plan.aliases:
             ptr = data[self.ptr]
             # real offsets, then n up to the dead system (empty systems), then n_cap
-            rows = _Rows(self._buffer(self.ptr, (s_cap + 1,), ptr), n_cap)
+            rows = _Rows(self.buffer(self.ptr, (s_cap + 1,), ptr), n_cap)
             plan.add(self.ptr, rows, ptr, dim + 1)
             if self.placement == "own":
                 plan.ptr_mid = rows.buf[s + 1: s_cap] if s + 1 < s_cap else None

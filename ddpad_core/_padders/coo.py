@@ -212,7 +212,7 @@ class COOPadder(PadderBase):
 
     def _plan_coo(self, data: Mapping[str, Tensor], key: tuple[Any, ...], n: int, s: int, caps: Mapping[str, int]) -> _Plan:
         n_cap, e_cap, s_cap = caps[self.atoms_key], caps[self.edges_key], caps[self.systems_key]
-        dead_system = self._dead_system(s, s_cap)
+        dead_system = self.dead_system(s, s_cap)
         plan = self._new_plan(key)
 
         # positions: dead atoms beyond the largest real coordinate in every
@@ -220,7 +220,7 @@ class COOPadder(PadderBase):
         # pair dead_length apart. One scalar bound, not a per-coordinate box: a
         # reduction over dim 0 of an [N, 3] tensor costs 15x a full one on CPU
         pos = data[self.positions]
-        plan.pos = _Rows(self._buffer(self.positions, (n_cap, *pos.shape[1:]), pos), None)
+        plan.pos = _Rows(self.buffer(self.positions, (n_cap, *pos.shape[1:]), pos), None)
         plan.add(self.positions, plan.pos, pos, 0, tracked=False)
         plan.offsets = self.dead.offsets(n_cap, pos)
         plan.far = torch.empty((), dtype=pos.dtype, device=pos.device)
@@ -231,7 +231,7 @@ class COOPadder(PadderBase):
         transposed = self.edge_layout == "2E"
         pair = torch.tensor(self.dead.pair(n_cap), dtype=ei.dtype, device=ei.device)
         shape = (2, e_cap) if transposed else (e_cap, 2)
-        plan.add(self.edge_index, _Rows(self._buffer(self.edge_index, shape, ei), pair, transposed=transposed), ei, 1)
+        plan.add(self.edge_index, _Rows(self.buffer(self.edge_index, shape, ei), pair, transposed=transposed), ei, 1)
         plan.pair = pair[:, None] if transposed else pair
         plan.edge_fill = {}
         for name, spec in self.edge_fields.items():
@@ -239,7 +239,7 @@ class COOPadder(PadderBase):
                 real = data[name]
                 fill = self._fill_value(spec, real, dead_system)
                 plan.edge_fill[len(plan.names)] = torch.as_tensor(fill, dtype=real.dtype, device=real.device)
-                plan.add(name, _Rows(self._buffer(name, (e_cap, *real.shape[1:]), real), fill), real, 1)
+                plan.add(name, _Rows(self.buffer(name, (e_cap, *real.shape[1:]), real), fill), real, 1)
         plan.edge_span = range(1, len(plan.names))
 
         self._plan_atoms(plan, data, n_cap, dead_system, 0)

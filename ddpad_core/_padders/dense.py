@@ -200,7 +200,7 @@ class DensePadder(PadderBase):
         present: list[str], alias_of: dict[str, str],
     ) -> _Plan:
         n_cap, s_cap = caps[self.atoms_key], caps[self.systems_key]
-        dead_system = self._dead_system(s, s_cap)
+        dead_system = self.dead_system(s, s_cap)
         pad_index = n_cap - 1 if self.sentinel_row else n_cap
         plan = self._new_plan(key)
         # rows long (a sentinel row included): their first n rows are real
@@ -212,10 +212,10 @@ class DensePadder(PadderBase):
         for name in present:
             mat = data[name]
             k_cap = caps.get(self.width_keys[name], mat.shape[1])
-            grid = _Grid(self._buffer(name, (n_cap, k_cap), mat), pad_index)
+            grid = _Grid(self.buffer(name, (n_cap, k_cap), mat), pad_index)
             scratch = None  # for the arithmetic reroute (_reroute), where it is the faster one
             if _arithmetic_reroute(mat):
-                scratch = _Grid(self._buffer(f"{name} scratch", (n_cap, k_cap), mat), None)
+                scratch = _Grid(self.buffer(f"{name} scratch", (n_cap, k_cap), mat), None)
             pad = torch.tensor(pad_index, dtype=mat.dtype, device=mat.device)
             plan.mats.append((name, grid, pad, pad_index, scratch))
             plan.aliases[name] = grid.alias
@@ -229,7 +229,7 @@ class DensePadder(PadderBase):
             real = data[name]
             k_cap = plan.aliases[mat_name].shape[1]
             fill = self._fill_value(spec, real, dead_system)
-            grid = _Grid(self._buffer(name, (n_cap, k_cap, *real.shape[2:]), real), fill)
+            grid = _Grid(self.buffer(name, (n_cap, k_cap, *real.shape[2:]), real), fill)
             fill_t = torch.as_tensor(fill, dtype=real.dtype, device=real.device)
             plan.neighbors.append((name, alias_of.get(mat_name, mat_name), grid, fill_t))
             plan.aliases[name] = grid.alias

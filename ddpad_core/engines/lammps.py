@@ -45,7 +45,7 @@ from .._agreement import AgreementError, cap_agreement_over
 from .._evaluator import Evaluator
 from .._stats import Stats
 from .._version import install_command
-from .._wrap import resolve_adapter
+from .._registry import resolve_adapter
 
 __all__ = ["Potential", "StepRecord"]
 
