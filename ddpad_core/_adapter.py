@@ -86,6 +86,10 @@ class Adapter:
         model from the package's own classes (``ddpad run`` without
         ``--model``). It runs with the model packages' known warnings and
         banners silenced (they are raised because ddpad builds the model).
+    default_dtype
+        The precision ``ddpad run`` and ``ddpad bench`` build the random model
+        in when not told (mace: float64, as its own tools run); None: torch's
+        default dtype.
     load_model
         Optional ``(path, device) -> model``: load a local checkpoint
         (silenced as ``random_model``).
@@ -156,6 +160,7 @@ class Adapter:
     stress_option: str | None = None
     random_model: Callable[[torch.dtype, str], torch.nn.Module] | None = None
     load_model: Callable[[str, str], torch.nn.Module] | None = None
+    default_dtype: torch.dtype | None = None
     default_system: Callable[[], Any] | None = None
     evaluate: Callable[..., Any] | None = None
     compile_region: Callable[[torch.nn.Module, Callable[[Any], Any]], Any] | None = None

@@ -81,11 +81,15 @@ class _Registry:
 _REGISTRY = _Registry()
 
 
-def _entry_points() -> tuple[dict[str, importlib.metadata.EntryPoint], dict[str, importlib.metadata.EntryPoint]]:
+_EntryPoints = dict[str, importlib.metadata.EntryPoint]
+
+
+def _entry_points(warn: bool = False) -> tuple[_EntryPoints, _EntryPoints]:
     """The group's entry points by name: ddpad's own (the built-ins) and
-    the plugins'; a plugin that takes a built-in's name warns and loses."""
-    builtins: dict[str, importlib.metadata.EntryPoint] = {}
-    plugins: dict[str, importlib.metadata.EntryPoint] = {}
+    the plugins'; a plugin that takes a built-in's name loses (and, with
+    ``warn``, says so: where a listing or a plugin's lookup reads them)."""
+    builtins: _EntryPoints = {}
+    plugins: _EntryPoints = {}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = getattr(ep, "dist", None)
         if dist is not None and _normal(dist.name) == _DISTRIBUTION:
@@ -93,12 +97,14 @@ def _entry_points() -> tuple[dict[str, importlib.metadata.EntryPoint], dict[str,
         else:
             plugins.setdefault(ep.name, ep)
     for name in sorted(set(plugins) & set(builtins)):
-        warnings.warn(
-            f"ddpad: plugin adapter {name!r} ({plugins.pop(name).value}) clashes with the "
-            "built-in adapter of that name; the built-in is used",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        clash = plugins.pop(name)
+        if warn:
+            warnings.warn(
+                f"ddpad: plugin adapter {name!r} ({clash.value}) clashes with the "
+                "built-in adapter of that name; the built-in is used",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     return builtins, plugins
 
 
@@ -111,7 +117,7 @@ def available() -> list[str]:
 
     Imports no model package and no plugin.
     """
-    builtins, plugins = _entry_points()
+    builtins, plugins = _entry_points(warn=True)
     return sorted(set(builtins) | _REGISTRY.registered() | set(plugins))
 
 
@@ -233,6 +239,8 @@ def get(name: str) -> Adapter:
         return known
     builtins, plugins = _entry_points()
     builtin = name in builtins
+    if not builtin:  # a plugin's lookup names the plugins that lost to a built-in
+        builtins, plugins = _entry_points(warn=True)
     ep = builtins.get(name) or plugins.get(name)
     if ep is None:
         raise AdapterNotFound(f"unknown ddpad adapter {name!r}; known adapters: {', '.join(available())}"

@@ -300,6 +300,7 @@ ADAPTER = builtin_adapter(
     dynamo_config={"trace_autograd_ops": True},
     stress_option="compute_stress",
     random_model=random_model,
+    default_dtype=torch.float64,  # what ddpad run builds the random model in (mace's own tools run float64)
     load_model=load_model,
     default_system=default_system,
     native_padding=native_padding,

@@ -107,7 +107,7 @@ def _dtype(adapter: Any, name: str | None) -> torch.dtype:
 
     if name is not None:
         return {"float32": torch.float32, "float64": torch.float64}[name]
-    return torch.float64 if adapter.name == "mace" else torch.get_default_dtype()
+    return adapter.default_dtype or torch.get_default_dtype()
 
 
 def _output_path(path: str | None, option: str) -> None:
@@ -325,7 +325,7 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
                              "default: the adapter's built-in system")
     parser.add_argument("--device", help="cpu, cuda or cuda:N; default: cuda when torch sees a GPU, else cpu")
     parser.add_argument("--dtype", choices=["float32", "float64"],
-                        help="model precision; default: float64 for mace, torch's default dtype otherwise")
+                        help="model precision; default: the adapter's (float64 for mace), else torch's default dtype")
     parser.add_argument("--backend", default="inductor",
                         help="torch.compile backend (aot_eager skips inductor's code generation: a faster "
                              "compile, for trying things out); default: inductor")
