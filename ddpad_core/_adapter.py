@@ -86,6 +86,11 @@ class Adapter:
         model from the package's own classes (``ddpad run`` without
         ``--model``). It runs with the model packages' known warnings and
         banners silenced (they are raised because ddpad builds the model).
+    random_model_elements
+        The atomic numbers ``random_model`` builds its model for by default,
+        where it takes ``atomic_numbers=`` to build for others (mace,
+        sevennet: H, C, O): ``ddpad run`` builds it for these and the
+        system's elements. None: ``random_model`` takes no elements.
     default_dtype
         The precision ``ddpad run`` and ``ddpad bench`` build the random model
         in when not told (mace: float64, as its own tools run); None: torch's
@@ -160,6 +165,7 @@ class Adapter:
     stress_option: str | None = None
     random_model: Callable[[torch.dtype, str], torch.nn.Module] | None = None
     load_model: Callable[[str, str], torch.nn.Module] | None = None
+    random_model_elements: tuple[int, ...] | None = None
     default_dtype: torch.dtype | None = None
     default_system: Callable[[], Any] | None = None
     evaluate: Callable[..., Any] | None = None

@@ -50,6 +50,8 @@ SYSTEM_FIELDS: dict[str, Any] = {
 ATOM_OUTPUTS = ("forces", "node_energy", "node_feats", "atomic_virials", "atomic_stresses", "charges")
 SYSTEM_OUTPUTS = ("energy", "interaction_energy", "virials", "stress", "displacement", "dipole", "polarizability")
 EDGE_OUTPUTS = ("edge_forces",)
+# the elements the random model is built for by default (H, C, O)
+ELEMENTS: tuple[int, ...] = (1, 6, 8)
 
 
 def _cutoff(model: torch.nn.Module) -> float:
@@ -253,7 +255,7 @@ def random_model(
     device: str = "cpu",
     *,
     r_max: float = 4.0,
-    atomic_numbers: tuple[int, ...] = (1, 6, 8),
+    atomic_numbers: tuple[int, ...] = ELEMENTS,
     seed: int = 0,
 ) -> torch.nn.Module:
     """A small randomly initialised ``ScaleShiftMACE`` (2 interactions, non-zero
@@ -300,6 +302,7 @@ ADAPTER = builtin_adapter(
     dynamo_config={"trace_autograd_ops": True},
     stress_option="compute_stress",
     random_model=random_model,
+    random_model_elements=ELEMENTS,
     default_dtype=torch.float64,  # what ddpad run builds the random model in (mace's own tools run float64)
     load_model=load_model,
     default_system=default_system,

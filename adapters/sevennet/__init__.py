@@ -71,6 +71,8 @@ ATOMIC_ENERGY = "atomic_energy"
 EDGE_VEC = "edge_vec"
 NUM_ATOMS = "num_atoms"
 BATCH = "batch"
+# the elements the random model is built for by default (H, C, O)
+ELEMENTS: tuple[int, ...] = (1, 6, 8)
 
 ATOM_OUTPUTS = (
     "x", "node_attr", "atomic_numbers", "pos", "batch", "atom_type", "scaled_atomic_energy",
@@ -342,7 +344,7 @@ def properties(output: Mapping[str, Any]) -> dict[str, Any]:
 def random_config(
     *,
     cutoff: float = 4.0,
-    atomic_numbers: tuple[int, ...] = (1, 6, 8),
+    atomic_numbers: tuple[int, ...] = ELEMENTS,
     channels: int = 16,
     lmax: int = 2,
     num_convolutions: int = 2,
@@ -380,7 +382,7 @@ def random_model(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     *,
-    atomic_numbers: tuple[int, ...] = (1, 6, 8),
+    atomic_numbers: tuple[int, ...] = ELEMENTS,
     seed: int = 0,
     **config: Any,
 ) -> torch.nn.Module:
@@ -454,6 +456,7 @@ ADAPTER = builtin_adapter(
     evaluate=evaluate,
     dynamo_config={"trace_autograd_ops": True, "capture_scalar_outputs": True},
     random_model=random_model,
+    random_model_elements=ELEMENTS,
     load_model=load_model,
     default_system=default_system,
     properties=properties,

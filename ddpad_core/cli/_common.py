@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import io
 import json
 import os
@@ -165,8 +164,9 @@ def _model(
     adapter: Any, path: str | None, dtype: torch.dtype, device: str, atoms: Any, verbose: bool = False
 ) -> tuple[torch.nn.Module, str]:
     """The model to run and a description of it. Without ``path``, the
-    adapter's random model; if it takes ``atomic_numbers`` (mace), built for
-    the system's elements as well as its own defaults."""
+    adapter's random model; where it takes elements
+    (``Adapter.random_model_elements``: mace, sevennet), built for the
+    system's elements as well as its own."""
     import torch
 
     if path is None:
@@ -174,10 +174,8 @@ def _model(
             raise CliError(f"adapter {adapter.name!r} cannot build a random model; pass --model PATH")
         options: dict[str, Any] = {}
         what = "RANDOMLY INITIALISED model (no --model given): numbers are not physical"
-        param = inspect.signature(adapter.random_model).parameters.get("atomic_numbers")
-        if param is not None:
-            default = tuple(param.default) if param.default is not inspect.Parameter.empty else ()
-            numbers = tuple(sorted(set(default) | _numbers(atoms)))
+        if adapter.random_model_elements is not None:
+            numbers = tuple(sorted(set(adapter.random_model_elements) | _numbers(atoms)))
             options["atomic_numbers"] = numbers
             what = f"RANDOMLY INITIALISED model for {_symbols(numbers)} (no --model given): numbers are not physical"
         try:
