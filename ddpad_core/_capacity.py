@@ -19,7 +19,7 @@ import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._agreement import _AGREEMENT, Agreement
 
@@ -274,10 +274,23 @@ class CapResolution:
         return self.old_cap != self.cap
 
 
-# (key, real, need, old cap or None, cap, policy): a CapResolution's fields,
-# built into one only where a caller asks for them
-_Row = tuple[str, int, int, int | None, int, CapPolicy]
-_RESOLUTIONS: contextvars.ContextVar[Callable[[list[_Row]], None] | None] = contextvars.ContextVar(
+_row = tuple.__new__  # a Row without NamedTuple's Python-level __new__ (the steady path: every key, every call)
+
+
+class Row(NamedTuple):
+    """One key resolved on one call, as a call's scope records it: a
+    :class:`CapResolution`'s fields in a tuple (no object per key and call
+    on the steady path), made into one only where a caller asks for them."""
+
+    key: str
+    real: int
+    need: int
+    old: int | None
+    cap: int
+    policy: CapPolicy
+
+
+_RESOLUTIONS: contextvars.ContextVar[Callable[[list[Row]], None] | None] = contextvars.ContextVar(
     "ddpad_resolutions", default=None
 )
 _CEILINGS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar(
@@ -332,13 +345,13 @@ class _Scope:
     def __init__(self, ceilings: Mapping[str, int] | None, rungs: Sequence[Mapping[str, int]] = (),
                  sizer: TightCaps | None = None) -> None:
         # ceilings come validated (checked_ceilings, once per wrapped model), not per call
-        self.rows: list[_Row] = []
+        self.rows: list[Row] = []
         self._ceilings = ceilings or None
         self._rungs = rungs
         self._sizer = sizer
         self._tokens: tuple[Any, Any, Any, Any] = (None, None, None, None)
 
-    def __enter__(self) -> list[_Row]:
+    def __enter__(self) -> list[Row]:
         ceilings = _CEILINGS.set(self._ceilings) if self._ceilings is not None else None
         rungs = _RUNGS.set(self._rungs) if self._rungs else None
         sizer = _SIZER.set(self._sizer) if self._sizer is not None else None
@@ -356,7 +369,7 @@ class _Scope:
             _SIZER.reset(sizer)
 
 
-def resolutions(rows: list[_Row]) -> list[CapResolution]:
+def resolutions(rows: list[Row]) -> list[CapResolution]:
     """The :class:`CapResolution` of each row a :class:`_Scope` recorded."""
     return [CapResolution(*row) for row in rows]
 
@@ -399,12 +412,12 @@ def resolve_caps(
     sink = _RESOLUTIONS.get()
     if sink is not None:
         sink(rows)
-    return {row[0]: row[4] for row in rows}
+    return {row.key: row.cap for row in rows}
 
 
 def _steady(
     state: Mapping[str, int], requests: Mapping[str, tuple[int, CapPolicy]], ceilings: Mapping[str, int]
-) -> list[_Row] | None:
+) -> list[Row] | None:
     """The rows of a call that changes nothing (every key known, within its
     ceiling, its need fitting its cap: nearly every call), or None."""
     rows = []
@@ -418,14 +431,14 @@ def _steady(
         ceiling = _ceiling(key, policy, ceilings)
         if ceiling is not None and cap > ceiling:
             return None
-        rows.append((key, real, need, cap, cap, policy))
+        rows.append(_row(Row, (key, real, need, cap, cap, policy)))
     return rows
 
 
 def _resolve(
     state: dict[str, int], requests: Mapping[str, tuple[int, CapPolicy]], agreement: Agreement | None,
     ceilings: Mapping[str, int], sizer: TightCaps | None = None,
-) -> list[_Row]:
+) -> list[Row]:
     """Resolve every key (SPEC sections 2 and 3): the general path; under a
     tight sizing (``sizer``) a fit or a growth takes its sizes."""
     keys = list(requests)
@@ -438,7 +451,7 @@ def _resolve(
         for key, cap in zip(keys, agreed):
             if cap > current.get(key, 0):  # a peer's cap (loaded or grown) is larger
                 current[key] = cap
-    rows: list[_Row] = []
+    rows: list[Row] = []
     fitting = sizer is not None and sizer.settling(
         [(key, need, current.get(key), policy) for key, need, policy in zip(keys, needs, policies)])
     for key, real, need, policy in zip(keys, reals, needs, policies):
@@ -462,12 +475,12 @@ def _resolve(
                     "or split the system"
                 )
             cap = max(ceiling, old or 0)
-        rows.append((key, real, need, state.get(key), cap, policy))
+        rows.append(Row(key, real, need, state.get(key), cap, policy))
     # never under an agreement: every rank sizes its caps from the agreed needs alone
     # (not for a fit: the ready rungs sit above the caps it fits down)
     rung = _ready_rung(rows, current, ceilings) if agreement is None and not fitting else None
     if rung is not None:
-        rows = [(key, real, need, old, rung[key], policy) for key, real, need, old, _, policy in rows]
+        rows = [row._replace(cap=rung[row.key]) for row in rows]
     for key, _, need, old, cap, policy in rows:
         if fitting and old is not None and cap != old:
             log.info("%s cap %d fitted to %d (the needs seen so far), expect one recompile", key, old, cap)
@@ -478,7 +491,7 @@ def _resolve(
     return rows
 
 
-def _ready_rung(rows: list[_Row], current: Mapping[str, int], ceilings: Mapping[str, int]) -> Mapping[str, int] | None:
+def _ready_rung(rows: list[Row], current: Mapping[str, int], ceilings: Mapping[str, int]) -> Mapping[str, int] | None:
     """The smallest ready rung a growth among ``rows`` can take: one that
     holds every key, each at least its current cap, fitting its need and
     within its ceiling (a need often overflows by more than a stride, so its

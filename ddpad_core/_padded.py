@@ -271,7 +271,7 @@ class PaddedModel(torch.nn.Module):
         if measure:
             self._derive_ceilings(data)
         fitted = False
-        if sizer is not None and (not sizer.settled or any(r[3] != r[4] for r in rows)):
+        if sizer is not None and (not sizer.settled or any(r.old != r.cap for r in rows)):
             fitted = sizer.observe(rows)  # True on the one call that fits the caps
         # the ladder climbs from the first call's caps, or from the fitted ones under a tight sizing
         if options.warm_ladder and (fitted or (index == 0 and (sizer is None or sizer.settled))):
@@ -282,7 +282,7 @@ class PaddedModel(torch.nn.Module):
         new_form = form not in self._forms
         if self.checks is None or not self.checks.eager_only:  # (no graph for caps that only ran eager)
             self._forms.add(form)
-        if index == 0 or self.shrinker is not None or self.background is not None or any(r[3] != r[4] for r in rows):
+        if index == 0 or self.shrinker is not None or self.background is not None or any(r.old != r.cap for r in rows):
             self._sized(index, resolutions(rows), data, args, kwargs, fitted,
                         time.perf_counter() - started, stats.graphs > graphs_before, agreement is not None)
         else:  # nothing sized or grew (nearly every call): only the fills changed

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._capacity import CapResolution
+from ._capacity import CapResolution, Row
 from ._ladder import Ladder
 
 __all__ = ["CapEvent", "Stats", "caps_changed", "lowest_fill"]
@@ -171,7 +171,7 @@ class Stats:
         if changed:  # the mean fill is of the caps as they now are
             self.fill_sum.clear()
             self.fill_calls = 0
-        self.record_fills((r.key, r.real, r.need, r.old_cap, r.cap, r.policy) for r in resolved)
+        self.record_fills(Row(r.key, r.real, r.need, r.old_cap, r.cap, r.policy) for r in resolved)
         return changed
 
     def record_call(self, call: int, resolved: list[CapResolution], caps: dict[str, int],
@@ -181,13 +181,13 @@ class Stats:
         self.caps = dict(caps)
         return changed
 
-    def record_fills(self, rows: Iterable[tuple[Any, ...]]) -> None:
-        """The fills of a call (rows of a call's scope: ``(key, real, need,
-        old, cap, policy)``)."""
+    def record_fills(self, rows: Iterable[Row]) -> None:
+        """The fills of a call (the rows of a call's scope)."""
         fill, total = self.fill, self.fill_sum
-        for key, real, _, _, cap, _ in rows:
-            fill[key] = value = real / cap if cap else 0.0
-            total[key] = total.get(key, 0.0) + value
+        for row in rows:
+            cap = row.cap
+            fill[row.key] = value = row.real / cap if cap else 0.0
+            total[row.key] = total.get(row.key, 0.0) + value
         self.fill_calls += 1
 
     @property
