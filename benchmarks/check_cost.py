@@ -58,8 +58,8 @@ def measure(adapter_name: str, backend: str, steps: int, aot: bool) -> dict[str,
         row.update(first_call_s=first, check_s=s.check_seconds, steady_s=steady, checks=s.checks,
                    disagreements=s.disagreements, check_of_first=s.check_seconds / first,
                    check_of_steady=s.check_seconds / steady, route="package" if s.aot_checked else "torch.compile")
-        if aot and wrapped.aot is not None:
-            watch = wrapped.aot.watch
+        if aot and wrapped.manager.aot is not None:
+            watch = wrapped.manager.aot.watch
             calls = 2000
             t0 = time.perf_counter()
             for _ in range(calls):

@@ -2,11 +2,11 @@
 
 The framework side of SPEC section 4: :class:`PaddedModel` owns *when*
 padding happens, and nothing else: the caps it resolves are committed only
-when a call succeeds (a call that raises rolls them back). Compiling
-(:mod:`._compile`), the store (:mod:`._store`), ready rungs (:mod:`._ladder`,
-:mod:`._warm`, :mod:`._background`), shrinking, memory ceilings, strict
-mode and statistics live in their own modules.
-"""
+when a call succeeds (a call that raises rolls them back). What runs the
+padded step, and everything built for it (routes, the store, checks, ready
+rungs, worker processes), is the compile manager's (:mod:`._manager`);
+shrinking, memory ceilings, strict mode and statistics live in their own
+modules."""
 
 from __future__ import annotations
 
@@ -15,34 +15,28 @@ import copy
 import dataclasses
 import logging
 import os
-import pathlib
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._agreement import AgreementError, current_agreement
-from ._aot import AotRoute
-from ._background import PACKAGE_BUILD, Background, PackageBuilds
-from ._capacity import CapacityError, CapResolution, TightCaps, _Scope, record_resolutions, resolutions
+from ._capacity import CapacityError, CapResolution, TightCaps, _Scope, resolutions
 from ._caps_file import caps_fitted, load_caps, save_caps
-from ._compile import compile_model, run_step
 from ._context import DistributedContext, activate_dd_context, current_dd_context
-from ._ladder import Ladder
+from ._manager import CompileManager
 from ._memory import derive_ceilings, measure_peak, reset_peak
 from ._noise import CompileEvent, CompileNotice
 from ._options import WrapOptions
 from ._protocol import GraphPadder
+from ._routes import Step
 from ._shrink import Shrinker
-from ._stats import Stats, caps_changed
-from ._store import CompileStore, StoreBinding, aot_binding, bind_store
-from ._strict import RecompileError, call_form, guard_failure_counts, unexplained
-from ._verify import FirstUse
-from ._warm import warm, warm_rungs
+from ._stats import caps_changed
+from ._strict import RecompileError, guard_failure_counts, unexplained
+from ._warm import warm_rungs
 
 if TYPE_CHECKING:
     from ._adapter import Adapter
@@ -144,64 +138,23 @@ class PaddedModel(torch.nn.Module):
             load_caps(opts.caps, adapter=name, ceilings=self.max_caps) if opts.caps is not None else {}
         )
         self._loaded_keys = set(self.cap_state)
-        self.ladder = Ladder()
-        self.stats = Stats(caps=dict(self.cap_state), ladder=self.ladder)
-        self.sizer: TightCaps | None = None  # cap_policy="tight" (set below, once the store is bound)
+        fitted = bool(self.cap_state) and opts.caps is not None and caps_fitted(opts.caps)
+        # what is compiled, loaded, checked and built, by which route: apart from the call path
+        self.manager = CompileManager(self, model, adapter=adapter, call=call, dynamo_config=self.dynamo_config,
+                                      compile_region=compile_region, options=opts, caps=self.cap_state,
+                                      fitted=fitted, seam=pad_in_forward)
+        self.stats = self.manager.stats
+        self.sizer: TightCaps | None = self.manager.sizer  # cap_policy="tight"
         self.shrinker: Shrinker | None = None
-        self._forms: set[tuple[Any, ...]] = set()  # (call form, caps) that ran compiled
         self.last_resolutions: list[CapResolution] = []  # of the last call that sized or grew a cap
         self._turns = _Turns()
-        self.compiled: Callable[..., Any] = model
-        self.store_binding: StoreBinding | None = None
-        self.background: Background | None = None
-        self.aot: AotRoute | None = None  # compile_mode="aot": packages first, torch.compile where refused
-        self.package_builds: PackageBuilds | None = None  # aot_build="background": the packages' workers
-        # every compiled graph's first call (per caps and call form) checked against the eager step
-        self.checks = FirstUse(self.stats, model) if opts.compile and opts.verify else None
-        if opts.compile:
-            compile_kwargs = dict(opts.compile_kwargs)
-            if opts.compile_cache is not None:  # None for a backend with nothing to store (said once)
-                self.store_binding = bind_store(model, opts.compile_cache, adapter, self.dynamo_config,
-                                                **compile_kwargs)
-            if self.store_binding is not None:
-                weakref.finalize(self, self.store_binding.flush)  # a backward compiled after the last call
-            cache = opts.compile_cache
-            root = pathlib.Path(cache.root if isinstance(cache, CompileStore) else cache).expanduser() \
-                if cache is not None else None
-            if opts.background_compile is not None:
-                if adapter is None:
-                    raise ValueError("ddpad: background_compile needs compile_cache= and an adapter (its workers "
-                                     "compile into the store and rebuild the padder from the adapter)")
-                # (under compile_mode="aot" its workers build the next rung's package)
-                assert root is not None  # (WrapOptions: background_compile needs compile_cache)
-                self.background = Background(self, self.ladder, root,
-                                             float(opts.background_compile), opts.background_workers, compile_kwargs,
-                                             options=PACKAGE_BUILD if opts.compile_mode == "aot" else None)
-            if opts.compile_mode == "aot":
-                self.aot = self._aot_route(opts, adapter)
-                if self.aot is not None and root is not None and self._builds_elsewhere(opts, adapter):
-                    self.package_builds = PackageBuilds(self, root, opts.background_workers, compile_kwargs,
-                                                        self.stats)
-            if self.aot is None:
-                self.compiled = compile_model(model, self.stats, compile_region, self.store_binding,
-                                              **compile_kwargs)
-            else:  # torch.compile only for a form the packages refuse: importing Dynamo takes seconds
-                self._compile_later = (compile_region, compile_kwargs)
-        tight = opts.tight_policy(self.store_binding is not None)
-        if tight is not None:  # preset caps a tight run fitted are kept; others are fitted after the window
-            fitted = bool(self.cap_state) and opts.caps is not None and caps_fitted(opts.caps)
-            if opts.warm_ladder:  # fit on the first call, as ddpad precompile does: the ladder is warmed
-                tight = dataclasses.replace(tight, settle=1)  # before the run, not in a stall ten steps in
-            self.sizer = TightCaps(tight, settled=fitted)
-            if self.background is not None:
-                self.background.sizer = self.sizer
         if opts.shrink is not None:
             self.shrinker = Shrinker(opts.shrink, self.sizer)
 
     @property
     def rungs(self) -> list[dict[str, int]]:
         """Caps whose graphs are ready (warmed) or compiling (a background worker)."""
-        return self.ladder.ready
+        return self.manager.ladder.ready
 
     # -- the call -------------------------------------------------------------
 
@@ -226,9 +179,7 @@ class PaddedModel(torch.nn.Module):
         sizer = self.sizer
         notice: CompileNotice | None = None  # a call that may compile says so, and what it did
         work_before = None
-        if self.checks is not None:
-            self.checks.eager_only = False
-        with _Scope(self.max_caps, self.ladder.ready, sizer) as rows:  # the call's resolutions (plain tuples)
+        with _Scope(self.max_caps, self.manager.ladder.ready, sizer) as rows:  # the call's resolutions (plain tuples)
             try:
                 if measure:
                     reset_peak(data)
@@ -237,19 +188,21 @@ class PaddedModel(torch.nn.Module):
                         message = "first call (caps sized at the model's padding seam): compiling or loading its graph"
                         notice = CompileNotice(log, message, event=CompileEvent("start", "seam", message))
                         work_before = stats.snapshot()
+                    step = Step(data, args, kwargs, None, trial)
                     with activate_dd_context(self._context(trial)), notice or contextlib.nullcontext():
-                        out = self._run(data, args, kwargs, None, trial)
+                        out = self.manager.run(step)
                 else:
                     t0 = time.perf_counter()
                     padded = self.padder.pad(data, trial)
                     pad_seconds += time.perf_counter() - t0
                     notice = self._notice(index, trial) if options.compile else None
+                    step = Step(padded, args, kwargs, data, trial)
                     if notice is None:  # nearly every call
-                        out = self._run(padded, args, kwargs, data, trial)
+                        out = self.manager.run(step)
                     else:
                         work_before = stats.snapshot()
                         with notice:
-                            out = self._run(padded, args, kwargs, data, trial)
+                            out = self.manager.run(step)
                 t0 = time.perf_counter()
                 out = self.padder.unpad(out)
                 pad_seconds += time.perf_counter() - t0
@@ -266,8 +219,8 @@ class PaddedModel(torch.nn.Module):
             finally:
                 _restore(self.padder)
         self.cap_state.update(trial)  # the call succeeded: commit its caps
-        if self.package_builds is not None and self.package_builds.active:
-            self.package_builds.poll()  # (a finished build frees a worker for the next queued one)
+        self.manager.poll()
+        new_form = self.manager.note(step)  # the route that ran these caps and call form (before a warm or shrink)
         if measure:
             self._derive_ceilings(data)
         fitted = False
@@ -277,12 +230,8 @@ class PaddedModel(torch.nn.Module):
         if options.warm_ladder and (fitted or (index == 0 and (sizer is None or sizer.settled))):
             self._warm(data, args, kwargs, resolutions(rows))
         stats.record_pads(pad_seconds, getattr(self.padder, "allocations", None), allocations_before)
-        # the form that ran (before a shrink changes the caps)
-        form = (call_form(args, kwargs), tuple(self.cap_state.items()))  # (keys keep their order)
-        new_form = form not in self._forms
-        if self.checks is None or not self.checks.eager_only:  # (no graph for caps that only ran eager)
-            self._forms.add(form)
-        if index == 0 or self.shrinker is not None or self.background is not None or any(r.old != r.cap for r in rows):
+        if index == 0 or self.shrinker is not None or self.manager.background is not None \
+                or any(r.old != r.cap for r in rows):
             self._sized(index, resolutions(rows), data, args, kwargs, fitted,
                         time.perf_counter() - started, stats.graphs > graphs_before, agreement is not None)
         else:  # nothing sized or grew (nearly every call): only the fills changed
@@ -303,15 +252,13 @@ class PaddedModel(torch.nn.Module):
         it, let background compiles and the ladder see it, shrink."""
         self.stats.record_call(index, resolved, self.cap_state, fitted=fitted)
         self.last_resolutions = resolved  # what sized the caps (policies included)
-        if self.background is not None:
-            self.background.after_call(self, data, args, kwargs, resolved)
-        if index and any(r.grew for r in resolved):
-            self.ladder.count_use(self.cap_state)
+        self.manager.after_call(data, args, kwargs, resolved, bool(index) and any(r.grew for r in resolved),
+                                self.cap_state)
         if index == 0:
             self._check_loaded_keys(resolved)
         if self.shrinker is not None:
             shrinks = self.shrinker.observe(index, resolved, self.cap_state, seconds=seconds, compiled=compiled,
-                                            ready=self._ready, agreed=agreed)
+                                            ready=self.manager.ready, agreed=agreed)
             if shrinks:
                 self.stats.record_shrinks(shrinks, self.cap_state)
 
@@ -328,121 +275,27 @@ class PaddedModel(torch.nn.Module):
             what, kind = f"caps {change}", change.split(" ", 1)[0]  # fitted, grew or shrank
         else:
             shrinks = self.stats.shrinks
-            if not shrinks or shrinks[-1].call != index - 1 or trial in self._ready():  # (nearly every call)
+            if not shrinks or shrinks[-1].call != index - 1 or trial in self.manager.ready():  # (nearly every call)
                 return None
             shrunk = [e for e in shrinks if e.call == index - 1]  # after the last call
             change = caps_changed({e.key: e.old for e in shrunk}, {e.key: e.new for e in shrunk}, False)
             what, kind = f"caps {change}", "shrank"
-        built = "package" if self.aot is not None else "graph"
+        built = "package" if self.manager.aot is not None else "graph"
         message = f"{what}: compiling or loading the {built}"
         return CompileNotice(log, message, event=CompileEvent("start", kind, message, dict(trial), change, built))
 
-    def _ready(self) -> list[dict[str, int]]:
-        """Caps whose graphs are ready: they ran before (Dynamo's cache holds
-        them) or are rungs (warmed, or a background worker's)."""
-        return [*self.ladder.ready, *(dict(caps) for _, caps in self._forms)]
-
-    def _builds_elsewhere(self, opts: WrapOptions, adapter: Adapter | None) -> bool:
-        """Whether packages are built in worker processes (``aot_build``;
-        None: wherever a store and an adapter let a worker rebuild the model)."""
-        if opts.aot_build == "background" and adapter is None:
-            raise ValueError("ddpad: aot_build='background' needs an adapter (its workers rebuild the padder "
-                             "from it)")
-        return opts.aot_build == "background" or (opts.aot_build is None and adapter is not None)
-
-    def _aot_route(self, opts: WrapOptions, adapter: Adapter | None) -> AotRoute | None:
-        """The ahead-of-time route, or None (said once) where it cannot be taken."""
-        if self.pad_in_forward:
-            log.warning("ddpad: compile_mode='aot' falls back to torch.compile: this model pads at its own seam "
-                        "inside its forward, and a package needs the padded input from outside")
-            return None
-        store = None
-        model_key: Callable[[], str] | None = None
-        if opts.compile_cache is not None:
-            store = opts.compile_cache if isinstance(opts.compile_cache, CompileStore) \
-                else CompileStore(opts.compile_cache)
-
-            def model_key() -> str:  # (again when the model's hyper-parameters change)
-                return aot_binding(self.model, store, adapter, self.dynamo_config)[1]
-        return AotRoute(self.model, self.call, self.dynamo_config, self.stats, store, model_key,
-                        verify=opts.verify)
-
-    def _run(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any], source: Any = None,
-             caps: dict[str, int] | None = None) -> Any:
-        """One step on padded ``data`` at ``caps`` (a model padding at its own
-        seam: its unpadded input, and the caps its seam resolves into): its
-        package (``compile_mode="aot"``; ``source``, the caller's input, says
-        whether the caller differentiates the outputs, and is what a
-        background build is sent), else the compiled model."""
-        if self.aot is not None:
-            builds, elsewhere = self.package_builds, None
-            if builds is not None and caps is not None:
-                def elsewhere(name: str) -> str | None:
-                    sizer = self.sizer
-                    if sizer is not None and not sizer.settled:  # caps about to be fitted: no build for them
-                        return None
-                    return builds.status(name, self, caps, source, args, kwargs)
-            return self.aot.run(data, args, kwargs, source, lambda: self._fallback_step(data, args, kwargs, caps),
-                                elsewhere, caps)
-        return self._compiled_step(data, args, kwargs, caps)
-
-    def _fallback_step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                       caps: dict[str, int] | None) -> Any:
-        """A step the ahead-of-time route refused: ``torch.compile``, built on the first one."""
-        later = self.__dict__.pop("_compile_later", None)
-        if later is not None:
-            region, compile_kwargs = later
-            self.compiled = compile_model(self.model, self.stats, region, self.store_binding, **compile_kwargs)
-        return self._compiled_step(data, args, kwargs, caps)
-
-    def _compiled_step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                       caps: dict[str, int] | None) -> Any:
-        """The ``torch.compile`` step; its first call at each caps and call form
-        checked against the eager step (``verify``)."""
-        checks = self.checks
-        if checks is None or caps is None:
-            return self._step(data, args, kwargs)
-        form = call_form(args, kwargs)
-        rekey = (lambda: (form, tuple(caps.items()))) if self.pad_in_forward else None  # (its seam may grow them)
-        return checks.run((form, tuple(caps.items())), data, lambda d: self._step(d, args, kwargs),
-                          lambda d, again: self._eager_step(d, args, kwargs, again), caps, rekey)
-
-    def _eager_step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any], again: bool = False) -> Any:
-        """The eager step on the same padded input as the compiled one: the
-        model as it is; a model padding at its own seam runs its compiled
-        part eager (``force_eager``), padded at the seam through the active
-        context (``again``, after the compiled step padded it: to the same
-        caps, and the resolutions are not recorded twice)."""
-        if not self.pad_in_forward:
-            return run_step(self.model, self.call, self.dynamo_config, data, args, kwargs)
-        with torch.compiler.set_stance("force_eager"), record_resolutions() if again else contextlib.nullcontext():
-            return run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
-
-    def _step(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """One ``torch.compile`` step, unchecked."""
-        if self.store_binding is None:
-            return run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
-        try:
-            return run_step(self.compiled, self.call, self.dynamo_config, data, args, kwargs)
-        finally:
-            self.store_binding.flush()  # what compiled lazily in this call (a backward) joins its entry
-
     def close(self) -> None:
-        """Stop this model's background compiles (a worker stopped mid-compile
-        leaves no entry, only its lock file) and save what compiled lazily."""
-        if self.background is not None:
-            self.background.close()
-        if self.package_builds is not None:
-            self.package_builds.close()
-        if self.store_binding is not None:
-            self.store_binding.flush()
+        """Stop this model's background compiles and package builds (a worker
+        stopped mid-compile leaves no entry, only its lock file) and save what
+        compiled lazily."""
+        self.manager.close()
 
     def finish_builds(self, timeout: float | None = None) -> int:
         """Wait (at most ``timeout`` seconds) for the ahead-of-time packages
         worker processes are building (``aot_build="background"``), so the
         next process finds them in the store; returns how many are still
         building (0: none)."""
-        return self.package_builds.wait(timeout) if self.package_builds is not None else 0
+        return self.manager.finish_builds(timeout)
 
     def __enter__(self) -> PaddedModel:
         return self
@@ -460,16 +313,18 @@ class PaddedModel(torch.nn.Module):
                         "when they come")
             return
         padder = copy.deepcopy(self.padder)
-        form = call_form(args, kwargs)
 
-        def step(caps: Mapping[str, int]) -> None:
+        def step(caps: Mapping[str, int]) -> Step:
             state = dict(caps)
             try:
                 if self.pad_in_forward:
+                    one = Step(data, args, kwargs, None, state)
                     with activate_dd_context(self._context(state, padder)):
-                        self._run(data, args, kwargs, None, state)
+                        self.manager.run(one)
                 else:
-                    self._run(padder.pad(data, state), args, kwargs, data, state)
+                    one = Step(padder.pad(data, state), args, kwargs, data, state)
+                    self.manager.run(one)
+                return one
             finally:
                 _restore(padder)
 
@@ -479,8 +334,7 @@ class PaddedModel(torch.nn.Module):
         message = f"warm ladder: compiling or loading {len(rungs)} rung(s) above caps {self.cap_state}"
         with CompileNotice(log, message, event=CompileEvent("start", "ladder", message, dict(self.cap_state))) \
                 as notice:
-            for caps in warm(rungs, self.cap_state, step, self.ladder):
-                self._forms.add((form, tuple(caps.items())))
+            self.manager.warm(rungs, self.cap_state, step)
         self.stats.warm_seconds += time.perf_counter() - t0
         notice.done(f"warm ladder: {self.stats.work(before)}")
 

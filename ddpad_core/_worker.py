@@ -72,7 +72,7 @@ def main(spec_path: str, parent: int) -> int:
     model = padded_model(_prepared(spec, adapter), adapter, caps=spec["caps"], compile_cache=spec["store"],
                          **options, **spec["compile_kwargs"])
     expected = spec.get("expect")
-    key = model.aot.key if model.aot is not None else (model.store_binding.model_key if model.store_binding else None)
+    key = model.manager.store_key
     if expected is not None and key != expected:
         print(f"ddpad background worker: the model rebuilt here has store key {key}, the run's is {expected}: "
               f"what it built would land where the run does not look (each key's model.json in {spec['store']} "
@@ -86,7 +86,7 @@ def main(spec_path: str, parent: int) -> int:
         return 3
     if s.aot_refused:
         print(f"ddpad background worker: caps {spec['caps']}: the ahead-of-time route refused the step "
-              f"({'; '.join(model.aot.refused.values()) if model.aot else ''})", flush=True)
+              f"({'; '.join(model.manager.refused.values())})", flush=True)
         return 2
     print(f"ddpad background compile: caps {spec['caps']} in {time.perf_counter() - t0:.1f} s "
           f"({s.graphs_compiled} compiled, {s.graphs_loaded} loaded, {s.aot_compiled} package(s) built, "

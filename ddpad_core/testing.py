@@ -193,9 +193,9 @@ def check_aot(
                 out = adapter.flat(wrapped(build(trajectory[0]), **form))
                 ref = adapter.flat(adapter.reference(model, build(trajectory[0]), **form))
                 worst = max(worst, _compare(out, ref, atol=atol, rtol=rtol, where=f"call form {form} (aot)"))
-        refused = {} if wrapped.aot is not None else {"every form": "the model pads at its own seam inside its forward"}
+        refused = {} if wrapped.manager.aot is not None else {"every form": "the model pads at its own seam inside its forward"}
         for route in (wrapped, poisoned):
-            refused.update({str(form): why for form, why in (route.aot.refused if route.aot else {}).items()})
+            refused.update({str(form): why for form, why in route.manager.refused.items()})
         s, p = wrapped.stats, poisoned.stats
         return {"refused": refused, "packages": s.aot_compiled + s.aot_loaded, "worst": worst,
                 "build_s": s.aot_seconds, "checked": s.aot_checked + p.aot_checked,

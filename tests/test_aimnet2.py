@@ -270,7 +270,7 @@ def test_compile_mode_aot_falls_back_with_the_eager_numbers(monkeypatch: pytest.
             assert_close(wrapped(data), evaluate(model, data), 1e-4)
     s = wrapped.stats
     assert s.aot_refused == 1 and s.aot_compiled == 0 and s.checks >= 1 and s.disagreements == 0
-    assert all("Cannot access data pointer" in why for why in wrapped.aot.refused.values()), wrapped.aot.refused
+    assert all("Cannot access data pointer" in why for why in wrapped.manager.refused.values()), wrapped.manager.refused
 
 
 def test_build_input_rejects_periodic() -> None:

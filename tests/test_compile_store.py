@@ -187,8 +187,8 @@ def test_background_worker_starts_at_the_threshold_and_close_stops_it(tmp_path: 
         assert wrapped.stats.background_started == 0
         wrapped(_data(model, 22))  # needs rising past what was seen, to fills past 0.5
         assert wrapped.stats.background_started >= 1
-        assert wrapped.background is not None
-        procs = list(wrapped.background.running.values())
+        assert wrapped.manager.background is not None
+        procs = list(wrapped.manager.background.running.values())
         assert procs and all(p.poll() is None for p in procs)
     assert all(p.poll() is not None for p in procs)
     assert wrapped.stats.background_wasted == wrapped.stats.background_started
@@ -233,7 +233,7 @@ def test_background_workers_do_not_outlive_their_run(tmp_path: pathlib.Path, end
                          cap_policy="headroom")
         wrapped(_data(model, 20))
         wrapped(_data(model, 22))
-        print(" ".join(str(p.pid) for p in wrapped.background.running.values()), flush=True)
+        print(" ".join(str(p.pid) for p in wrapped.manager.background.running.values()), flush=True)
         if {ending!r} == "killed":
             os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError("the MD loop failed")
@@ -368,8 +368,8 @@ def test_a_growth_loads_what_a_background_worker_compiled(tmp_path: pathlib.Path
                     cap_policy="headroom") as wrapped:
         wrapped(_data(model, 20))  # 300 edges: cap 416
         wrapped(_data(model, 21))  # more edges, fill past 0.7
-        assert wrapped.stats.background_started == 1 and wrapped.background is not None
-        (worker,) = wrapped.background.running.values()
+        assert wrapped.stats.background_started == 1 and wrapped.manager.background is not None
+        (worker,) = wrapped.manager.background.running.values()
         assert worker.wait(900) == 0
         compiled, loaded = wrapped.stats.graphs_compiled, wrapped.stats.graphs_loaded
         data = _data(model, 24)  # 418 edges: the cap grows to 544, the bucket the worker compiled
@@ -514,14 +514,14 @@ def test_a_background_worker_grows_the_system_count_when_it_fills(tmp_path: path
     model = _model()
     wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", compile_cache=tmp_path, background_compile=0.9,
                          cap_policy="headroom")
-    assert wrapped.background is not None
+    assert wrapped.manager.background is not None
     started: list[dict[str, int]] = []
-    monkeypatch.setattr(wrapped.background, "_start", lambda owner, target, *rest: started.append(dict(target)))
+    monkeypatch.setattr(wrapped.manager.background, "_start", lambda owner, target, *rest: started.append(dict(target)))
     wrapped(_data(model))  # every fill below 0.9: nothing starts
     assert started == []
     caps = wrapped.caps
     full = [dataclasses.replace(r, real=r.cap - 1, need=r.cap) if r.key == "systems" else r
             for r in wrapped.last_resolutions]
-    wrapped.background.after_call(wrapped, None, (), {}, full)
+    wrapped.manager.background.after_call(wrapped, None, (), {}, full)
     assert len(started) == 1 and started[0]["systems"] > caps["systems"]
     assert {k: v for k, v in started[0].items() if k != "systems"} == {k: v for k, v in caps.items() if k != "systems"}

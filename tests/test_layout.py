@@ -19,7 +19,7 @@ ORDER = [
     "_padders", "_structures",
     "_ladder", "_stats", "_caps_file", "_memory", "_shrink", "_weights", "_store", "_strict", "_compile", "_verify",
     "_aot",
-    "_warm", "_background", "_options", "_padded", "_wrap", "_evaluator", "_worker", "_prebuild",
+    "_warm", "_background", "_options", "_routes", "_manager", "_padded", "_wrap", "_evaluator", "_worker", "_prebuild",
     "ase", "torchsim", "testing", "engines", "_bench", "cli", "__main__",
 ]
 # the package's public face: it imports everything, and what imports

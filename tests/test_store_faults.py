@@ -260,7 +260,7 @@ def test_a_finished_background_worker_leaves_no_log(tmp_path: pathlib.Path) -> N
                     background_compile=0.5, cap_policy="headroom") as wrapped:
         wrapped(_data(model, 20))
         wrapped(_data(model, 22))  # needs rising past the first call's: a worker starts
-        background = wrapped.background
+        background = wrapped.manager.background
         assert background is not None and background.running
         target, proc = next(iter(background.running.items()))
         log = background.logs[target]

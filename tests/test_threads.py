@@ -65,11 +65,14 @@ def test_a_call_from_inside_its_own_call_is_an_error() -> None:
     holder: list[ddpad.PaddedModel] = []
 
     class Reentrant(torch.nn.Module):
-        def forward(self, d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            return holder[0](d)
+        reenter = True
 
-    holder.append(ddpad.PaddedModel(Reentrant(), toy.ADAPTER.make_padder(model), compile=False))
+        def forward(self, d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return holder[0](d) if self.reenter else model(d)
+
+    reentrant = Reentrant()
+    holder.append(ddpad.PaddedModel(reentrant, toy.ADAPTER.make_padder(model), compile=False))
     with pytest.raises(RuntimeError, match="from inside its own call"):
         holder[0](data)
-    holder[0].model = holder[0].compiled = model  # the lock was released: the model is usable again
+    reentrant.reenter = False  # the lock was released: the model is usable again
     assert holder[0](data)["forces"].shape == (20, 3)

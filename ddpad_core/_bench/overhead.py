@@ -221,7 +221,7 @@ def _path_us(model: torch.nn.Module, make: Callable[[], Any], data: dict[str, Te
     dynamo(data)
     package(data)  # (built and checked on its first call)
     if package.stats.aot_refused:
-        raise RuntimeError(f"ddpad bench --overhead --paths: the package was refused ({package.aot.refused})")
+        raise RuntimeError(f"ddpad bench --overhead --paths: the package was refused ({package.manager.refused})")
     return {"compile_path_us": _median_us(lambda: dynamo(data), calls) - bare,
             "aot_path_us": _median_us(lambda: package(data), calls) - bare}
 

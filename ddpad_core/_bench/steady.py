@@ -109,7 +109,7 @@ def _steady_table(adapter: Any, model: torch.nn.Module, structures: list[Any], *
             for name in steps}
     if package is not None:
         packaged = padded_models["package"]
-        refused = packaged.aot.refused if packaged.aot is not None else {(): "the model pads inside its forward"}
+        refused = packaged.manager.refused if packaged.manager.aot is not None else {(): "the model pads inside its forward"}
         rows["package"]["route"] = "; ".join(refused.values()) or "package"
     return {"adapter": adapter.name, "device": str(device), "backend": backend, "threads": torch.get_num_threads(),
             "atoms": [len(s) for s in structures], "calls": rounds * calls, "variants": rows}

@@ -268,7 +268,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _finish_builds(wrapped: Any) -> None:
     """Let the packages worker processes are building (``--aot``) land in the
     store, so the next run loads them; Ctrl-C leaves them unbuilt."""
-    builds = wrapped.package_builds
+    builds = wrapped.manager.package_builds
     if builds is None or not builds.active:
         return
     print(f"waiting for {builds.pending} ahead-of-time package build(s) in the "

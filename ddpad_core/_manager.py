@@ -1,0 +1,243 @@
+"""The compile manager: what a wrapped model has built, where, and by which
+route, apart from the call path.
+
+One :class:`CompileManager` per :class:`~ddpad.PaddedModel` owns the compile
+store's binding, the route chain (:mod:`._routes`: package ->
+``torch.compile`` -> eager, as the options ask), the first-use checks, the
+ready caps (:class:`~ddpad._ladder.Ladder`: warmed rungs, background
+workers'), the worker processes (background compiles, package builds), the
+tight sizing that decides how far ahead they build, and one :class:`Record`
+per caps and call form that ran: which route answered it, and whether a
+compiled graph or package exists for it. :class:`~ddpad.Stats` is created
+here and reads the ladder's counts. The call path asks :meth:`run` for a
+step's outputs and tells :meth:`note` which step succeeded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import weakref
+from collections.abc import Callable, Hashable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ._aot import AotRoute
+from ._background import PACKAGE_BUILD, Background, PackageBuilds
+from ._capacity import CapResolution, TightCaps
+from ._ladder import Ladder
+from ._options import WrapOptions
+from ._routes import CompiledRoute, EagerRoute, Key, PackageRoute, Route, Step
+from ._stats import Stats
+from ._store import CompileStore, StoreBinding, aot_binding, bind_store
+from ._verify import FirstUse
+from ._warm import warm
+
+if TYPE_CHECKING:
+    from ._adapter import Adapter
+
+__all__ = ["CompileManager", "Record"]
+
+log = logging.getLogger("ddpad")
+
+
+@dataclasses.dataclass
+class Record:
+    """What became of one caps and call form: the route that answered its
+    last step, and whether a compiled graph or package ran for it (its caps
+    are then ready: a later growth to them compiles nothing)."""
+
+    route: str
+    compiled: bool
+
+
+class CompileManager:
+    """Build, load, check and keep what one wrapped model runs (see the module's docstring).
+
+    Parameters
+    ----------
+    owner
+        The :class:`~ddpad.PaddedModel` served (held weakly): what a worker
+        process rebuilds (its model, adapter, source and current caps).
+    model, adapter, call, dynamo_config, compile_region
+        The model, its adapter, the adapter's step, Dynamo flags and compile region.
+    options
+        ``wrap``'s options.
+    caps
+        The preset caps (``Stats`` starts from them); ``fitted``: a tight run fitted them.
+    seam
+        The model pads at its own seam inside its forward.
+    """
+
+    def __init__(self, owner: Any, model: torch.nn.Module, *, adapter: Adapter | None,
+                 call: Callable[..., Any] | None, dynamo_config: Mapping[str, Any],
+                 compile_region: Callable[..., Any] | None, options: WrapOptions, caps: Mapping[str, int],
+                 fitted: bool, seam: bool) -> None:
+        self._owner = weakref.ref(owner)
+        self.ladder = Ladder()
+        self.stats = Stats(caps=dict(caps), ladder=self.ladder)
+        self.records: dict[Key, Record] = {}
+        self.store_binding: StoreBinding | None = None
+        self.background: Background | None = None
+        self.aot: AotRoute | None = None  # compile_mode="aot": packages first, torch.compile where refused
+        self.package_builds: PackageBuilds | None = None  # packages built in worker processes
+        opts = options
+        if opts.compile and opts.compile_cache is not None:  # (None for a backend with nothing to store)
+            self.store_binding = bind_store(model, opts.compile_cache, adapter, dynamo_config, **opts.compile_kwargs)
+            if self.store_binding is not None:
+                weakref.finalize(owner, self.store_binding.flush)  # a backward compiled after the last call
+        self.sizer: TightCaps | None = None  # cap_policy="tight"
+        tight = opts.tight_policy(self.store_binding is not None)
+        if tight is not None:  # preset caps a tight run fitted are kept; others are fitted after the window
+            if opts.warm_ladder:  # fit on the first call, as ddpad precompile does: the ladder is warmed
+                tight = dataclasses.replace(tight, settle=1)  # before the run, not in a stall ten steps in
+            self.sizer = TightCaps(tight, settled=fitted)
+        # every compiled graph's first call (per caps and call form) checked against the eager step
+        self.checks = FirstUse(self.stats, model) if opts.compile and opts.verify else None
+        self.route: Route = EagerRoute(model, call, dynamo_config)
+        if not opts.compile:
+            return
+        root = _store_root(opts.compile_cache)
+        if opts.background_compile is not None:
+            if adapter is None or root is None:
+                raise ValueError("ddpad: background_compile needs compile_cache= and an adapter (its workers "
+                                 "compile into the store and rebuild the padder from the adapter)")
+            # (under compile_mode="aot" its workers build the next rung's package)
+            self.background = Background(owner, self.ladder, root, float(opts.background_compile),
+                                         opts.background_workers, opts.compile_kwargs, self.sizer,
+                                         options=PACKAGE_BUILD if opts.compile_mode == "aot" else None)
+        if opts.compile_mode == "aot":
+            self.aot = _packages(model, call, dynamo_config, self.stats, opts, adapter, seam)
+        compiled = CompiledRoute(model, call, dynamo_config, self.stats, region=compile_region,
+                                 compile_kwargs=opts.compile_kwargs, binding=self.store_binding, checks=self.checks,
+                                 seam=seam, lazy=self.aot is not None)
+        self.route = compiled
+        if self.aot is not None:
+            elsewhere = None
+            if root is not None and _builds_elsewhere(opts, adapter):
+                self.package_builds = PackageBuilds(owner, root, opts.background_workers, opts.compile_kwargs,
+                                                    self.stats)
+                elsewhere = self._built_elsewhere
+            self.route = PackageRoute(self.aot, compiled, elsewhere)
+
+    # -- the call path's side -----------------------------------------------------
+
+    def run(self, step: Step) -> Any:
+        """The step's outputs, through the first route that takes it."""
+        return self.route.run(step)
+
+    def note(self, step: Step) -> bool:
+        """Record the route that answered ``step`` (a call that succeeded, at
+        the caps it committed); True when its caps and call form had no
+        compiled graph or package before (a compile then is explained)."""
+        key = step.key()
+        record = self.records.get(key)
+        new = record is None or not record.compiled
+        if record is None:
+            self.records[key] = Record(step.route, step.compiled)
+        else:
+            record.route, record.compiled = step.route, record.compiled or step.compiled
+        return new
+
+    def ready(self) -> list[dict[str, int]]:
+        """Caps whose graphs are ready: they ran compiled before (Dynamo's
+        cache or a loaded package holds them) or are rungs (warmed, or a
+        background worker's)."""
+        return [*self.ladder.ready, *(dict(caps) for (_, caps), r in self.records.items() if r.compiled)]
+
+    def after_call(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   resolved: list[CapResolution], grew: bool, caps: Mapping[str, int]) -> None:
+        """After a call that sized or grew caps (now ``caps``): background
+        workers may start for the next rung; the ladder counts a rung a growth took."""
+        owner = self._owner()
+        if self.background is not None and owner is not None:
+            self.background.after_call(owner, data, args, kwargs, resolved)
+        if grew:
+            self.ladder.count_use(caps)
+
+    def poll(self) -> None:
+        """Reap finished package builds (one frees a worker for the next queued)."""
+        if self.package_builds is not None and self.package_builds.active:
+            self.package_builds.poll()
+
+    def warm(self, rungs: list[dict[str, int]], caps: Mapping[str, int],
+             step: Callable[[Mapping[str, int]], Step]) -> list[dict[str, int]]:
+        """Run ``step`` at each rung above ``caps`` and back at ``caps``
+        (:func:`~ddpad._warm.warm`); each rung that ran becomes a ready rung,
+        and each step that ran has its record. Returns the warmed rungs."""
+
+        def noted(rung: Mapping[str, int]) -> None:
+            self.note(step(rung))
+
+        return warm(rungs, caps, noted, self.ladder)
+
+    # -- what was built --------------------------------------------------------
+
+    @property
+    def refused(self) -> dict[Hashable, str]:
+        """Call forms the package route refused, and why (empty without one)."""
+        return dict(self.aot.refused) if self.aot is not None else {}
+
+    @property
+    def store_key(self) -> str | None:
+        """Where this model's work lands in the store: its packages' folder
+        (``compile_mode="aot"``) or its graphs' model key; None without a store."""
+        if self.aot is not None:
+            return self.aot.key
+        return self.store_binding.model_key if self.store_binding is not None else None
+
+    def _built_elsewhere(self, name: str, step: Step) -> str | None:
+        """The package build ``name`` in a worker (:meth:`PackageBuilds.status`);
+        None (run ``torch.compile`` meanwhile) while caps are about to be fitted."""
+        sizer, owner, builds = self.sizer, self._owner(), self.package_builds
+        if (sizer is not None and not sizer.settled) or owner is None or builds is None or step.caps is None:
+            return None
+        return builds.status(name, owner, step.caps, step.source, step.args, step.kwargs)
+
+    def close(self) -> None:
+        """Stop background compiles and package builds (a worker stopped
+        mid-build leaves no entry, only its lock file) and save what compiled lazily."""
+        if self.background is not None:
+            self.background.close()
+        if self.package_builds is not None:
+            self.package_builds.close()
+        self.route.close()
+
+    def finish_builds(self, timeout: float | None = None) -> int:
+        """Wait (at most ``timeout`` seconds) for the packages worker
+        processes build; how many are still building (0: none)."""
+        return self.package_builds.wait(timeout) if self.package_builds is not None else 0
+
+
+def _store_root(cache: str | Any | None) -> pathlib.Path | None:
+    if cache is None:
+        return None
+    return pathlib.Path(cache.root if isinstance(cache, CompileStore) else cache).expanduser()
+
+
+def _builds_elsewhere(opts: WrapOptions, adapter: Adapter | None) -> bool:
+    """Whether packages are built in worker processes (``aot_build``; None:
+    wherever a store and an adapter let a worker rebuild the model)."""
+    if opts.aot_build == "background" and adapter is None:
+        raise ValueError("ddpad: aot_build='background' needs an adapter (its workers rebuild the padder from it)")
+    return opts.aot_build == "background" or (opts.aot_build is None and adapter is not None)
+
+
+def _packages(model: torch.nn.Module, call: Callable[..., Any] | None, dynamo_config: Mapping[str, Any],
+              stats: Stats, opts: WrapOptions, adapter: Adapter | None, seam: bool) -> AotRoute | None:
+    """The ahead-of-time packages, or None (said once) where the route cannot be taken."""
+    if seam:
+        log.warning("ddpad: compile_mode='aot' falls back to torch.compile: this model pads at its own seam "
+                    "inside its forward, and a package needs the padded input from outside")
+        return None
+    store = None
+    model_key: Callable[[], str] | None = None
+    if opts.compile_cache is not None:
+        store = opts.compile_cache if isinstance(opts.compile_cache, CompileStore) \
+            else CompileStore(opts.compile_cache)
+
+        def model_key() -> str:  # (again when the model's hyper-parameters change)
+            return aot_binding(model, store, adapter, dynamo_config)[1]
+    return AotRoute(model, call, dynamo_config, stats, store, model_key, verify=opts.verify)
