@@ -121,6 +121,30 @@ def test_a_fallback_that_disagrees_with_the_eager_step_runs_eager(caplog: pytest
     assert "torch.compile disagrees with the eager step" in caplog.text
 
 
+def test_each_caps_and_call_form_has_one_record_of_the_route_that_answered() -> None:
+    """The compile manager keeps, per caps and call form, which route answered
+    it (package, torch.compile or eager) and whether a compiled graph or
+    package exists for it (its caps are then ready for a later growth)."""
+    from test_verify import miscompiling
+
+    def records(model: torch.nn.Module, **options: Any) -> list[tuple[str, bool]]:
+        wrapped = ddpad.wrap(model, toy.ADAPTER, cap_policy="headroom", **options)
+        for data in _frames(model, 2):
+            wrapped(data)
+        assert len(wrapped.manager.records) == 1  # one caps, one call form
+        assert wrapped.manager.ready() == ([wrapped.caps] if wrapped.manager.records[
+            next(iter(wrapped.manager.records))].compiled else [])
+        return [(r.route, r.compiled) for r in wrapped.manager.records.values()]
+
+    plain = toy.Morse(3.0).double()
+    assert records(plain, compile_mode="aot", backend="aot_eager") == [("package", True)]
+    assert records(plain, backend="aot_eager") == [("torch.compile", True)]
+    assert records(_Branchy(3.0).double(), compile_mode="aot", backend="aot_eager") == [("torch.compile", True)]
+    # (its graph ran once, disagreed, and those caps run eager since)
+    assert records(_Branchy(3.0).double(), compile_mode="aot", backend=miscompiling) == [("eager", True)]
+    assert records(plain, compile=False) == [("eager", False)]
+
+
 def test_a_caller_who_differentiates_the_energy_falls_back(caplog: pytest.LogCaptureFixture) -> None:
     model = toy.ADAPTER.random_model()
     wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", backend="aot_eager", cap_policy="headroom")
