@@ -17,7 +17,7 @@ fallback: the call path does not change.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -138,10 +138,13 @@ class CompiledRoute:
         checks = self.checks
         if checks is None or step.caps is None:
             return self._step(step.padded, step)
+        key = step.key()
         rekey = step.key if self.seam else None  # (its seam may grow the caps as it runs)
-        out = checks.run(step.key(), step.padded, lambda d: self._step(d, step),
+        out = checks.run(key, step.padded, lambda d: self._step(d, step),
                          lambda d, again: self._reference(d, step, again), step.caps, rekey)
-        step.route = self.name if step.key() not in checks.eager else self.eager.name
+        # eager: these caps disagreed before, or on this call (a steady call reads one flag and one empty dict)
+        if checks.eager_only or (checks.eager and (step.key() if self.seam else key) in checks.eager):
+            step.route = self.eager.name
         return out
 
     def _step(self, padded: Any, step: Step) -> Any:
@@ -196,11 +199,6 @@ class PackageRoute:
         if not step.route:  # the package answered (or, on its first call, its check's eager step did)
             step.route, step.compiled = self.name, True
         return out
-
-    @property
-    def refused(self) -> dict[Hashable, str]:
-        """Call forms the packages refused, and why."""
-        return self.packages.refused
 
     def close(self) -> None:
         self.fallback.close()
