@@ -10,7 +10,7 @@ to, ``ddpad.adapters``::
     mymodel = "mypkg.ddpad_adapter:ADAPTER"
 """
 
-from ddpad._adapter import Adapter
+from ddpad._adapter import Adapter, EngineHooks, ToolHooks
 from ddpad._registry import (
     ENTRY_POINT_GROUP,
     AdapterNotFound,
@@ -26,6 +26,8 @@ __all__ = [
     "Adapter",
     "AdapterNotFound",
     "AdapterUnavailable",
+    "EngineHooks",
+    "ToolHooks",
     "available",
     "get",
     "register",

@@ -39,21 +39,21 @@ def measure(adapter_name: str, backend: str, steps: int, aot: bool) -> dict[str,
     from ddpad import adapters
 
     adapter = adapters.get(adapter_name)
-    assert adapter.random_model is not None and adapter.default_system is not None
-    model = adapter.random_model(torch.float64 if adapter_name == "mace" else torch.get_default_dtype(), "cpu")
+    assert adapter.tools.random_model is not None and adapter.tools.default_system is not None
+    model = adapter.tools.random_model(torch.float64 if adapter_name == "mace" else torch.get_default_dtype(), "cpu")
     options = adapter.call_options(True)
     row: dict[str, Any] = {"adapter": adapter_name, "backend": backend, "threads": torch.get_num_threads()}
     with tempfile.TemporaryDirectory(prefix="ddpad-check-cost-") as store:
         extra = {"compile_mode": "aot", "aot_build": "foreground", "compile_cache": store} if aot else {}
         wrapped = ddpad.wrap(model, adapter, backend=backend, cap_policy="headroom", **extra)
         build = adapter.input_builder(wrapped.model)
-        data = build(adapter.default_system())
+        data = build(adapter.tools.default_system())
         t0 = time.perf_counter()
         wrapped(data, **options)
         first = time.perf_counter() - t0
         s = wrapped.stats
-        steady = _median_call(lambda: wrapped(build(adapter.default_system()), **options), steps)
-        build_only = _median_call(lambda: build(adapter.default_system()), steps)
+        steady = _median_call(lambda: wrapped(build(adapter.tools.default_system()), **options), steps)
+        build_only = _median_call(lambda: build(adapter.tools.default_system()), steps)
         steady -= build_only  # (the input pipeline is not the call)
         row.update(first_call_s=first, check_s=s.check_seconds, steady_s=steady, checks=s.checks,
                    disagreements=s.disagreements, check_of_first=s.check_seconds / first,

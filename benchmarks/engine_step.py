@@ -150,7 +150,7 @@ def measure(engine: str, kind: str, blocks: int, steps: int, backend: str, adapt
 
     from ddpad.adapters import get
 
-    model = get(adapter).random_model(*((torch.float64,) if adapter == "mace" else ()))
+    model = get(adapter).tools.random_model(*((torch.float64,) if adapter == "mace" else ()))
     with tempfile.TemporaryDirectory(prefix="ddpad-engine-") as store:
         steppers, wrapped, atoms, baseline = ENGINES[engine](adapter, model, kind, backend, store)
         t0 = time.perf_counter()

@@ -6,9 +6,9 @@ One process, the adapter's random model, rattled diamond-carbon supercells
 (a third of the atoms hydrogen) of each size. Per size, in alternating
 calls so both see the same load, the median of ``--calls`` builds:
 
-- pipeline: ``adapter.build_input(model, atoms)`` (the package's own data
+- pipeline: ``adapter.engine.build_input(model, atoms)`` (the package's own data
   pipeline and CPU neighbour list: what every engine step ran before);
-- tensor: ``adapter.tensor_input(model)`` on a :class:`ddpad.Structures`
+- tensor: ``adapter.engine.tensor_input(model)`` on a :class:`ddpad.Structures`
   whose positions moved (the composition checked once, as an engine's steps
   with the same atoms), neighbour list by vesin-torch on the CPU here.
 """
@@ -44,19 +44,19 @@ def measure(adapter_name: str, sizes: list[int], calls: int) -> dict[str, Any]:
     from ddpad.adapters import get
 
     adapter = get(adapter_name)
-    if adapter.tensor_input is None:
+    if adapter.engine.tensor_input is None:
         raise SystemExit(f"input_build.py: adapter {adapter_name!r} has no tensor_input")
-    model = adapter.random_model(*((torch.float64,) if adapter_name != "sevennet" else ()))
+    model = adapter.tools.random_model(*((torch.float64,) if adapter_name != "sevennet" else ()))
     rows = []
     for n in sizes:
         atoms = _atoms(n)
-        build = adapter.tensor_input(model)
+        build = adapter.engine.tensor_input(model)
         structures = Structures.from_atoms(atoms)
         build(structures)  # the composition, checked once
         times: dict[str, list[float]] = {"pipeline": [], "tensor": []}
         for call in range(calls):
             t0 = time.perf_counter()
-            adapter.build_input(model, atoms)
+            adapter.engine.build_input(model, atoms)
             times["pipeline"].append(time.perf_counter() - t0)
             structures.positions = structures.positions + 1e-4 * (call % 2)
             t0 = time.perf_counter()

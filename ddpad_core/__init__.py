@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and readers
         CapacityError,
         CapPolicy,
         CapResolution,
+        CapScope,
+        ScopedCaps,
         TightPolicy,
         bucket,
         cap_ceilings,
@@ -54,7 +56,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and readers
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(('Agreement', 'AgreementError', 'cap_agreement_group', 'cap_agreement_over'), "._agreement"),
-    **dict.fromkeys(('CapPolicy', 'CapResolution', 'CapacityError', 'TightPolicy', 'bucket', 'cap_ceilings', 'record_resolutions', 'resolve_cap', 'resolve_caps'), "._capacity"),
+    **dict.fromkeys(('CapPolicy', 'CapResolution', 'CapScope', 'CapacityError', 'ScopedCaps', 'TightPolicy', 'bucket', 'cap_ceilings', 'record_resolutions', 'resolve_cap', 'resolve_caps'), "._capacity"),
     **dict.fromkeys(('load_caps', 'save_caps'), "._caps_file"),
     **dict.fromkeys(('compile_counted', 'counting_backend'), "._compile"),
     **dict.fromkeys(('DistributedContext', 'GatherMeta', 'HaloMeta', 'NOT_DISTRIBUTED', 'activate_dd_context', 'current_dd_context'), "._context"),
@@ -81,6 +83,7 @@ __all__ = [
     "CapEvent",
     "CapPolicy",
     "CapResolution",
+    "CapScope",
     "CapacityError",
     "CompileEvent",
     "CompileStore",
@@ -98,6 +101,7 @@ __all__ = [
     "PaddedModel",
     "PadderBase",
     "RecompileError",
+    "ScopedCaps",
     "ShrinkPolicy",
     "Stats",
     "Structures",

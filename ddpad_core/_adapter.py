@@ -1,8 +1,13 @@
-"""The per-model declaration: how ddpad pads, calls and unpads one model family."""
+"""The per-model declaration: how ddpad pads, calls and unpads one model
+family (:class:`Adapter`), with what engines need to feed it
+(:class:`EngineHooks`) and what the command line, the benchmarks and the
+conformance kit need to build one (:class:`ToolHooks`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -15,12 +20,127 @@ from ._protocol import GraphPadder
 if TYPE_CHECKING:
     from ddpad import PaddedModel
 
-__all__ = ["Adapter"]
+__all__ = ["Adapter", "EngineHooks", "ToolHooks"]
 
 
 @dataclass(frozen=True)
+class EngineHooks:
+    """What the engines (ASE, torch-sim, LAMMPS, nvalchemi) need of a model
+    family to feed it and read it: :attr:`Adapter.engine`.
+
+    Attributes
+    ----------
+    build_input
+        ``(model, atoms, **options) -> native input`` from ``ase.Atoms`` (or a
+        list of them): the reference input path the tensor path is compared with.
+    tensor_input
+        Optional ``model -> (Structures -> native input)``: the native input
+        built from tensors on their device (:class:`ddpad.Structures`), for
+        the engines (the ASE calculator, torch-sim). Made once per model
+        (state per composition lives in the returned function); an
+        ``ImportError`` when it is made (a missing neighbour list) sends the
+        engines to ``build_input``, as they go without it.
+    input_context
+        Optional ``model -> dict``: keyword arguments for ``build_input`` made
+        once per model and reused every step (e.g. aimnet's calculator).
+    stress_option
+        The call keyword that turns stress on (mace: ``"compute_stress"``);
+        None when the model computes no stress, or computes it whenever the
+        input has a cell.
+    properties
+        Optional ``output -> {"energy", "forces", "stress", ...}``: flat
+        properties of a (nested) native output, for calculators. Default:
+        the output itself.
+    atom_energy_key
+        Key of per-atom energies ``[N]`` in the native output, for engines that own only
+        some of the atoms they evaluate (LAMMPS domains sum their owned
+        atoms); None when the model gives none.
+    message_layers
+        Optional ``model -> int``: how many cutoffs deep an atom's energy
+        sees (the message-passing layers; 1 for a strictly local model such
+        as Allegro). Engines that split space (LAMMPS) need ghost atoms that
+        deep; without it they ask the caller.
+    energy_only_options
+        Call keywords for a forward that returns energies without taking
+        derivatives (the engine takes them), e.g. mace's ``compute_force=False``.
+    positions_key
+        The native input field holding atom positions, for engines that
+        differentiate the energy themselves (LAMMPS); None when the energy
+        is not a function of an input field (SevenNet: its input holds
+        precomputed edge vectors), which such engines refuse.
+    """
+
+    build_input: Callable[..., Any]
+    tensor_input: Callable[[torch.nn.Module], Callable[[Any], Any]] | None = None
+    input_context: Callable[[torch.nn.Module], dict[str, Any]] | None = None
+    stress_option: str | None = None
+    properties: Callable[[Any], dict[str, Any]] | None = None
+    atom_energy_key: str | None = None
+    message_layers: Callable[[torch.nn.Module], int] | None = None
+    energy_only_options: Mapping[str, Any] = field(default_factory=dict)
+    positions_key: str | None = "positions"
+
+
+@dataclass(frozen=True)
+class ToolHooks:
+    """What ``ddpad run`` / ``bench`` / ``precompile``, the worker processes
+    and the conformance kit need of a model family to build a model and a
+    system without the user's: :attr:`Adapter.tools`. All optional.
+
+    Attributes
+    ----------
+    random_model
+        ``(dtype, device) -> model``: a small randomly initialised model from
+        the package's own classes (``ddpad run`` without ``--model``). It runs
+        with the model packages' known warnings and banners silenced (they
+        are raised because ddpad builds the model).
+    random_model_elements
+        The atomic numbers ``random_model`` builds its model for by default,
+        where it takes ``atomic_numbers=`` to build for others (mace,
+        sevennet: H, C, O): ``ddpad run`` builds it for these and the
+        system's elements. None: ``random_model`` takes no elements.
+    default_dtype
+        The precision ``ddpad run`` and ``ddpad bench`` build the random model
+        in when not told (mace: float64, as its own tools run); None: torch's
+        default dtype.
+    load_model
+        ``(path, device) -> model``: load a local checkpoint (silenced as
+        ``random_model``).
+    default_system
+        ``() -> ase.Atoms | list[ase.Atoms]``: the built-in system of
+        ``ddpad run`` (periodic bulk or a set of molecules).
+    native_padding
+        ``model -> (atoms -> padded native input)``: the model package's own
+        padding, benchmarked by ``ddpad bench`` beside ddpad.
+    """
+
+    random_model: Callable[[torch.dtype, str], torch.nn.Module] | None = None
+    random_model_elements: tuple[int, ...] | None = None
+    default_dtype: torch.dtype | None = None
+    load_model: Callable[[str, str], torch.nn.Module] | None = None
+    default_system: Callable[[], Any] | None = None
+    native_padding: Callable[[torch.nn.Module], Callable[[Any], Any]] | None = None
+
+    def __post_init__(self) -> None:
+        for hook in ("random_model", "load_model"):
+            build = getattr(self, hook)
+            if build is not None and not getattr(build, "_ddpad_quiet", False):
+                object.__setattr__(self, hook, _quietly(build))
+
+
+# the fields that moved from Adapter into its two hook records (read or
+# passed flat, they work for one release, with a DeprecationWarning)
+_MOVED = {**{f.name: "engine" for f in dataclasses.fields(EngineHooks)},
+          **{f.name: "tools" for f in dataclasses.fields(ToolHooks)}}
+_RECORDS = {"engine": EngineHooks, "tools": ToolHooks}
+
+
+@dataclass(frozen=True, init=False)
 class Adapter:
-    """One model family's declaration (SPEC section 8).
+    """One model family's declaration (SPEC section 8): what the runtime
+    needs to pad, compile, call and check the model, with what engines need
+    (:attr:`engine`) and what the tools need (:attr:`tools`) in records of
+    their own.
 
     Attributes
     ----------
@@ -30,25 +150,16 @@ class Adapter:
         ``model -> GraphPadder`` configured for the model's native input and cutoff.
     energy_key
         Output key of the per-system energy in the native output (with
-        ``properties``, the flat key is ``"energy"``: :attr:`flat_energy_key`).
-    atom_outputs
-        Per-atom output keys, for readers of the declaration; ddpad reads
-        none: ``unpad`` strips the keys the padder is configured with
-        (``make_padder``). Default: none.
-    system_outputs
-        Per-system output keys, likewise informational. Default: none.
+        ``engine.properties``, the flat key is ``"energy"``:
+        :attr:`flat_energy_key`).
     cutoff
         ``model -> float``: the model's interaction cutoff.
-    build_input
-        ``(model, atoms, **options) -> native input`` from ``ase.Atoms`` (or a
-        list of them).
-    tensor_input
-        Optional ``model -> (Structures -> native input)``: the native input
-        built from tensors on their device (:class:`ddpad.Structures`), for
-        the engines (the ASE calculator, torch-sim). Made once per model
-        (state per composition lives in the returned function); an
-        ``ImportError`` when it is made (a missing neighbour list) sends the
-        engines to ``build_input``, as they go without it.
+    engine
+        :class:`EngineHooks`: how engines build the model's input (from
+        ``ase.Atoms`` at least) and read its output.
+    tools
+        :class:`ToolHooks`: a random or saved model and a default system for
+        the command line, the benchmarks and the conformance kit.
     install_hint
         The pip command that installs the model package. A built-in
         adapter leaves it empty: the registry gives it ddpad's extra of its
@@ -60,6 +171,12 @@ class Adapter:
         before handing the adapter out (missing: ``pip install`` hint;
         failing to import: reported as broken), and the compile store keys
         on the versions of their distributions.
+    atom_outputs
+        Per-atom output keys, for readers of the declaration; ddpad reads
+        none: ``unpad`` strips the keys the padder is configured with
+        (``make_padder``). Default: none.
+    system_outputs
+        Per-system output keys, likewise informational. Default: none.
     pad_in_forward
         The model builds its graph in ``forward`` and pads at its own seam
         through ``current_dd_context().maybe_pad_graph`` (UMA style).
@@ -75,57 +192,17 @@ class Adapter:
         ``torch._dynamo.config`` values set around each compiled call only
         (scoped with ``config.patch``, restored after), e.g. MACE's
         ``{"trace_autograd_ops": True}`` to keep its forces in the graph.
-    input_context
-        Optional ``model -> dict``: keyword arguments for ``build_input`` made
-        once per model and reused every step (e.g. aimnet's calculator).
-    stress_option
-        The call keyword that turns stress on (mace: ``"compute_stress"``);
-        None when the model computes no stress.
-    random_model
-        Optional ``(dtype, device) -> model``: a small randomly initialised
-        model from the package's own classes (``ddpad run`` without
-        ``--model``). It runs with the model packages' known warnings and
-        banners silenced (they are raised because ddpad builds the model).
-    random_model_elements
-        The atomic numbers ``random_model`` builds its model for by default,
-        where it takes ``atomic_numbers=`` to build for others (mace,
-        sevennet: H, C, O): ``ddpad run`` builds it for these and the
-        system's elements. None: ``random_model`` takes no elements.
-    default_dtype
-        The precision ``ddpad run`` and ``ddpad bench`` build the random model
-        in when not told (mace: float64, as its own tools run); None: torch's
-        default dtype.
-    load_model
-        Optional ``(path, device) -> model``: load a local checkpoint
-        (silenced as ``random_model``).
-    default_system
-        Optional ``() -> ase.Atoms | list[ase.Atoms]``: the built-in system of
-        ``ddpad run`` (periodic bulk or a set of molecules).
-    native_padding
-        Optional ``model -> (atoms -> padded native input)``: the model
-        package's own padding, benchmarked by ``ddpad bench`` beside ddpad.
-    properties
-        Optional ``output -> {"energy", "forces", "stress", ...}``: flat
-        properties of a (nested) native output, for calculators. Default:
-        the output itself.
     compile_region
         Optional ``(model, compile_fn) -> callable``: what to compile. A model
         that pads at its own seam (``pad_in_forward``) must compile only the
         part after the seam (the part before it sees unpadded shapes): the
         adapter applies ``compile_fn`` to that part and returns the model to
         call. Default: the whole model is compiled.
-    atom_energy_key
-        Key of per-atom energies ``[N]`` in the native output, for engines that own only
-        some of the atoms they evaluate (LAMMPS domains sum their owned
-        atoms); None when the model gives none.
-    message_layers
-        Optional ``model -> int``: how many cutoffs deep an atom's energy
-        sees (the message-passing layers; 1 for a strictly local model such
-        as Allegro). Engines that split space (LAMMPS) need ghost atoms that
-        deep; without it they ask the caller.
-    energy_only_options
-        Call keywords for a forward that returns energies without taking
-        derivatives (the engine takes them), e.g. mace's ``compute_force=False``.
+    evaluate
+        Optional ``(model, native_input, *args, **kwargs) -> output``: the
+        unpadded eager model, output shaped as the wrapped model's (the
+        reference padding is checked against). Default: ``call`` or
+        ``model(input, ...)`` on a copy of the input.
     call_forms
         Keyword sets the model package's own drivers call the native model
         with (its calculator, evaluation script, torch-sim model), e.g. mace's
@@ -137,62 +214,84 @@ class Adapter:
         caller may take forces by autograd of the returned energy with
         respect to it (as with the native model); None when the native
         model's energy is not connected to its input.
-    positions_key
-        The native input field holding atom positions, for engines that
-        differentiate the energy themselves (LAMMPS).
-    evaluate
-        Optional ``(model, native_input, *args, **kwargs) -> output``: the
-        unpadded eager model, output shaped as the wrapped model's (the
-        reference padding is checked against). Default: ``call`` or
-        ``model(input, ...)`` on a copy of the input.
+
+    Notes
+    -----
+    The fields of :class:`EngineHooks` and :class:`ToolHooks` were fields of
+    this record before; passed to ``Adapter(...)`` flat or read from it flat
+    (``adapter.build_input``), they still work for one release, with a
+    ``DeprecationWarning`` naming their new place.
     """
 
     name: str
     make_padder: Callable[[torch.nn.Module], GraphPadder]
     energy_key: str
     cutoff: Callable[[torch.nn.Module], float]
-    build_input: Callable[..., Any]
+    engine: EngineHooks
+    tools: ToolHooks = field(default_factory=ToolHooks)
     install_hint: str = ""
-    tensor_input: Callable[[torch.nn.Module], Callable[[Any], Any]] | None = None
+    requires: tuple[str, ...] = ()
     atom_outputs: tuple[str, ...] = ()
     system_outputs: tuple[str, ...] = ()
-    requires: tuple[str, ...] = ()
     pad_in_forward: bool = False
     prepare_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None
     call: Callable[..., Any] | None = None
     dynamo_config: Mapping[str, Any] = field(default_factory=dict)
-    input_context: Callable[[torch.nn.Module], dict[str, Any]] | None = None
-    stress_option: str | None = None
-    random_model: Callable[[torch.dtype, str], torch.nn.Module] | None = None
-    load_model: Callable[[str, str], torch.nn.Module] | None = None
-    random_model_elements: tuple[int, ...] | None = None
-    default_dtype: torch.dtype | None = None
-    default_system: Callable[[], Any] | None = None
-    evaluate: Callable[..., Any] | None = None
     compile_region: Callable[[torch.nn.Module, Callable[[Any], Any]], Any] | None = None
-    properties: Callable[[Any], dict[str, Any]] | None = None
-    native_padding: Callable[[torch.nn.Module], Callable[[Any], Any]] | None = None
-    atom_energy_key: str | None = None
-    message_layers: Callable[[torch.nn.Module], int] | None = None
-    energy_only_options: Mapping[str, Any] = field(default_factory=dict)
+    evaluate: Callable[..., Any] | None = None
     call_forms: tuple[Mapping[str, Any], ...] = ()
     grad_input: str | None = None
-    positions_key: str = "positions"
 
-    def __post_init__(self) -> None:
-        for hook in ("random_model", "load_model"):
-            build = getattr(self, hook)
-            if build is not None and not getattr(build, "_ddpad_quiet", False):
-                object.__setattr__(self, hook, _quietly(build))
+    def __init__(self, name: str, make_padder: Callable[[torch.nn.Module], GraphPadder], energy_key: str,
+                 cutoff: Callable[[torch.nn.Module], float], engine: EngineHooks | None = None,
+                 **fields: Any) -> None:
+        if engine is not None and not isinstance(engine, EngineHooks):  # build_input, positional as before
+            fields["build_input"], engine = engine, None
+        moved = {key: fields.pop(key) for key in [*fields] if key in _MOVED}
+        if moved:
+            warnings.warn(
+                f"ddpad: Adapter({', '.join(f'{k}=...' for k in moved)}) for {name!r}: these fields moved to "
+                + " and ".join(f"Adapter.{r} ({_RECORDS[r].__name__})" for r in dict.fromkeys(_MOVED[k] for k in moved))
+                + "; pass engine=EngineHooks(...) / tools=ToolHooks(...). Flat keywords work for one release",
+                DeprecationWarning, stacklevel=2,
+            )
+        records: dict[str, Any] = {"engine": engine, "tools": fields.pop("tools", None)}
+        for attr, record in _RECORDS.items():
+            flat = {k: v for k, v in moved.items() if _MOVED[k] == attr}
+            if flat:
+                records[attr] = record(**flat) if records[attr] is None else dataclasses.replace(records[attr], **flat)
+        if records["engine"] is None:
+            raise TypeError(f"ddpad: Adapter {name!r} needs engine=EngineHooks(build_input=...): how the engines "
+                            "(ASE, torch-sim, LAMMPS) build the model's input")
+        own = {f.name: f for f in dataclasses.fields(self)}
+        unknown = sorted(set(fields) - set(own))
+        if unknown:
+            raise TypeError(f"ddpad: Adapter got unknown field(s) {unknown}; its fields are {sorted(own)} "
+                            f"and, in Adapter.engine / .tools, {sorted(_MOVED)}")
+        given = {"name": name, "make_padder": make_padder, "energy_key": energy_key, "cutoff": cutoff,
+                 "engine": records["engine"], "tools": records["tools"] or ToolHooks(), **fields}
+        for key, f in own.items():
+            value = given[key] if key in given else (f.default_factory() if f.default is dataclasses.MISSING
+                                                     else f.default)  # type: ignore[misc]
+            object.__setattr__(self, key, value)
+
+    def __getattr__(self, name: str) -> Any:
+        record = _MOVED.get(name)
+        if record is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        warnings.warn(f"ddpad: Adapter.{name} moved to Adapter.{record}.{name}; the flat name works for one "
+                      "release", DeprecationWarning, stacklevel=2)
+        return getattr(object.__getattribute__(self, record), name)
 
     @property
     def flat_energy_key(self) -> str:
         """The energy's key in :meth:`flat` properties."""
-        return "energy" if self.properties is not None else self.energy_key
+        return "energy" if self.engine.properties is not None else self.energy_key
 
     def flat(self, output: Any) -> dict[str, Any]:
         """Flat properties (energy, forces, stress ...) of a native output."""
-        return self.properties(output) if self.properties is not None else output
+        properties = self.engine.properties
+        return properties(output) if properties is not None else output
 
     def reference(self, model: torch.nn.Module, data: Any, *args: Any, **kwargs: Any) -> Any:
         """The unpadded, uncompiled model's output for ``data`` (not modified)."""
@@ -206,12 +305,14 @@ class Adapter:
 
     def input_builder(self, model: torch.nn.Module) -> Callable[[Any], Any]:
         """``atoms -> native input`` for ``model``, reusing per-model state."""
-        extra = self.input_context(model) if self.input_context is not None else {}
-        return lambda atoms: self.build_input(model, atoms, **extra)
+        engine = self.engine
+        extra = engine.input_context(model) if engine.input_context is not None else {}
+        return lambda atoms: engine.build_input(model, atoms, **extra)
 
     def call_options(self, stress: bool) -> dict[str, Any]:
         """Call keywords that ask the model for stress (or not)."""
-        return {self.stress_option: stress} if self.stress_option else {}
+        option = self.engine.stress_option
+        return {option: stress} if option else {}
 
     def wrap(self, model: torch.nn.Module, *, compile: bool = True, **kwargs: Any) -> PaddedModel:
         """``ddpad.wrap(model, self, ...)``: the fixed-shape (compiled) model."""

@@ -26,7 +26,9 @@ from ._agreement import _AGREEMENT, Agreement
 __all__ = [
     "CapPolicy",
     "CapResolution",
+    "CapScope",
     "CapacityError",
+    "ScopedCaps",
     "TightCaps",
     "TightPolicy",
     "bucket",
@@ -290,17 +292,14 @@ class Row(NamedTuple):
     policy: CapPolicy
 
 
+# the public blocks (record_resolutions, cap_ceilings) for callers that resolve caps with a plain
+# dict; a wrapped model's call hands its scope over on the caps themselves (ScopedCaps)
 _RESOLUTIONS: contextvars.ContextVar[Callable[[list[Row]], None] | None] = contextvars.ContextVar(
     "ddpad_resolutions", default=None
 )
 _CEILINGS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar(
     "ddpad_ceilings", default=MappingProxyType({})
 )
-# caps whose graphs are ready (warmed, or compiling in a background worker): a
-# growth takes the smallest that fits every need instead of its own buckets
-_RUNGS: contextvars.ContextVar[Sequence[Mapping[str, int]]] = contextvars.ContextVar("ddpad_rungs", default=())
-# the calling model's tight sizing (cap_policy="tight"), or None for its padders' own policies
-_SIZER: contextvars.ContextVar[TightCaps | None] = contextvars.ContextVar("ddpad_sizer", default=None)
 
 
 def checked_ceilings(ceilings: Mapping[str, int] | None) -> Mapping[str, int]:
@@ -334,43 +333,57 @@ def record_resolutions() -> Iterator[list[CapResolution]]:
         _RESOLUTIONS.reset(token)
 
 
-class _Scope:
-    """One call's scope (what a :class:`~ddpad.PaddedModel` call opens): every
-    resolution inside goes to ``rows`` as a plain tuple of the fields of a
-    :class:`CapResolution` (no object per key and call), under ``ceilings``.
-    A class, not a generator: it is entered on every call."""
+class CapScope:
+    """What one call resolves its caps under, and what it resolved.
 
-    __slots__ = ("_ceilings", "_rungs", "_sizer", "_tokens", "rows")
+    A :class:`~ddpad.PaddedModel` call makes one and hands it to its padder
+    on the caps themselves (:class:`ScopedCaps`), so a padder's
+    :func:`resolve_caps` reads it from the ``cap_state`` it was given, not
+    from ambient state.
 
-    def __init__(self, ceilings: Mapping[str, int] | None, rungs: Sequence[Mapping[str, int]] = (),
+    Parameters
+    ----------
+    ceilings
+        Per-key cap ceilings (validated: :func:`checked_ceilings`), on top of
+        each policy's ``max_cap``; None or empty: those of an enclosing
+        :func:`cap_ceilings` block, if any.
+    rungs
+        Caps whose graphs are ready (warmed, or compiling in a background
+        worker): a growth takes the smallest that fits every need instead of
+        its own buckets.
+    sizer
+        The model's tight sizing (``cap_policy="tight"``), or None for its
+        padders' own policies.
+
+    Attributes
+    ----------
+    rows
+        Every key resolved in the scope, one :class:`Row` each, in order.
+    """
+
+    __slots__ = ("ceilings", "rows", "rungs", "sizer")
+
+    def __init__(self, ceilings: Mapping[str, int] | None = None, rungs: Sequence[Mapping[str, int]] = (),
                  sizer: TightCaps | None = None) -> None:
-        # ceilings come validated (checked_ceilings, once per wrapped model), not per call
+        self.ceilings = ceilings or None
+        self.rungs = rungs
+        self.sizer = sizer
         self.rows: list[Row] = []
-        self._ceilings = ceilings or None
-        self._rungs = rungs
-        self._sizer = sizer
-        self._tokens: tuple[Any, Any, Any, Any] = (None, None, None, None)
 
-    def __enter__(self) -> list[Row]:
-        ceilings = _CEILINGS.set(self._ceilings) if self._ceilings is not None else None
-        rungs = _RUNGS.set(self._rungs) if self._rungs else None
-        sizer = _SIZER.set(self._sizer) if self._sizer is not None else None
-        self._tokens = (_RESOLUTIONS.set(self.rows.extend), ceilings, rungs, sizer)
-        return self.rows
 
-    def __exit__(self, *exc: object) -> None:
-        rows, ceilings, rungs, sizer = self._tokens
-        _RESOLUTIONS.reset(rows)
-        if ceilings is not None:
-            _CEILINGS.reset(ceilings)
-        if rungs is not None:
-            _RUNGS.reset(rungs)
-        if sizer is not None:
-            _SIZER.reset(sizer)
+class ScopedCaps(dict[str, int]):
+    """A call's caps (the ``cap_state`` a padder grows in place, SPEC section
+    4's signature unchanged) with the :class:`CapScope` they resolve under."""
+
+    __slots__ = ("scope",)
+
+    def __init__(self, caps: Mapping[str, int], scope: CapScope) -> None:
+        super().__init__(caps)
+        self.scope = scope
 
 
 def resolutions(rows: list[Row]) -> list[CapResolution]:
-    """The :class:`CapResolution` of each row a :class:`_Scope` recorded."""
+    """The :class:`CapResolution` of each row a :class:`CapScope` recorded."""
     return [CapResolution(*row) for row in rows]
 
 
@@ -389,7 +402,11 @@ def resolve_caps(
     Parameters
     ----------
     state
-        The caller's caps, updated in place (grow-only) once every key resolved.
+        The caller's caps, updated in place (grow-only) once every key
+        resolved. A :class:`ScopedCaps` (what a wrapped model's call hands its
+        padder) resolves under its scope's ceilings, ready rungs and tight
+        sizing, and records its rows there; a plain dict under an enclosing
+        :func:`cap_ceilings` and :func:`record_resolutions`, if any.
     requests
         ``{key: (real_count, policy)}``.
 
@@ -404,14 +421,22 @@ def resolve_caps(
         When a need exceeds its ceiling (``CapPolicy.max_cap`` or
         :func:`cap_ceilings`); ``state`` is left unchanged.
     """
-    agreement, ceilings, sizer = _AGREEMENT.get(), _CEILINGS.get(), _SIZER.get()
+    scope = state.scope if type(state) is ScopedCaps else None
+    agreement = _AGREEMENT.get()
+    if scope is None:
+        ceilings, rungs, sizer = _CEILINGS.get(), (), None
+    else:
+        ceilings, rungs, sizer = scope.ceilings or _CEILINGS.get(), scope.rungs, scope.sizer
     steady = agreement is None and (sizer is None or not sizer.due)  # (a due fit takes the general path)
     rows = _steady(state, requests, ceilings) if steady else None
     if rows is None:
-        rows = _resolve(state, requests, agreement, ceilings, sizer)
-    sink = _RESOLUTIONS.get()
-    if sink is not None:
-        sink(rows)
+        rows = _resolve(state, requests, agreement, ceilings, sizer, rungs)
+    if scope is not None:
+        scope.rows.extend(rows)
+    else:
+        sink = _RESOLUTIONS.get()
+        if sink is not None:
+            sink(rows)
     return {row.key: row.cap for row in rows}
 
 
@@ -437,7 +462,7 @@ def _steady(
 
 def _resolve(
     state: dict[str, int], requests: Mapping[str, tuple[int, CapPolicy]], agreement: Agreement | None,
-    ceilings: Mapping[str, int], sizer: TightCaps | None = None,
+    ceilings: Mapping[str, int], sizer: TightCaps | None = None, rungs: Sequence[Mapping[str, int]] = (),
 ) -> list[Row]:
     """Resolve every key (SPEC sections 2 and 3): the general path; under a
     tight sizing (``sizer``) a fit or a growth takes its sizes."""
@@ -478,7 +503,7 @@ def _resolve(
         rows.append(Row(key, real, need, state.get(key), cap, policy))
     # never under an agreement: every rank sizes its caps from the agreed needs alone
     # (not for a fit: the ready rungs sit above the caps it fits down)
-    rung = _ready_rung(rows, current, ceilings) if agreement is None and not fitting else None
+    rung = _ready_rung(rows, current, ceilings, rungs) if agreement is None and not fitting else None
     if rung is not None:
         rows = [row._replace(cap=rung[row.key]) for row in rows]
     for key, _, need, old, cap, policy in rows:
@@ -491,7 +516,8 @@ def _resolve(
     return rows
 
 
-def _ready_rung(rows: list[Row], current: Mapping[str, int], ceilings: Mapping[str, int]) -> Mapping[str, int] | None:
+def _ready_rung(rows: list[Row], current: Mapping[str, int], ceilings: Mapping[str, int],
+                rungs: Sequence[Mapping[str, int]]) -> Mapping[str, int] | None:
     """The smallest ready rung a growth among ``rows`` can take: one that
     holds every key, each at least its current cap, fitting its need and
     within its ceiling (a need often overflows by more than a stride, so its
@@ -499,7 +525,7 @@ def _ready_rung(rows: list[Row], current: Mapping[str, int], ceilings: Mapping[s
     if not any(old is not None and cap != old for _, _, _, old, cap, _ in rows):
         return None
     fitting = [
-        rung for rung in _RUNGS.get()
+        rung for rung in rungs
         if all(rung.get(k, -1) >= c for k, c in current.items())
         and all(k in rung and p.fits(need, rung[k]) and rung[k] <= (_ceiling(k, p, ceilings) or rung[k])
                 for k, _, need, _, _, p in rows)

@@ -55,13 +55,13 @@ def tensor_builder(adapter: Adapter, model: torch.nn.Module, tensor_input: bool 
     ``True`` always (an error naming what is missing), ``False`` never."""
     if tensor_input is False:
         return None
-    if adapter.tensor_input is None:
+    if adapter.engine.tensor_input is None:
         if tensor_input:
             raise ValueError(f"ddpad: adapter {adapter.name!r} has no tensor_input; pass tensor_input=None "
                              "(its ASE pipeline)")
         return None
     try:
-        return adapter.tensor_input(model)
+        return adapter.engine.tensor_input(model)
     except ImportError:
         if tensor_input:
             raise

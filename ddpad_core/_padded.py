@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._agreement import AgreementError, current_agreement
-from ._capacity import CapacityError, CapResolution, TightCaps, _Scope, resolutions
+from ._capacity import CapacityError, CapResolution, CapScope, ScopedCaps, TightCaps, resolutions
 from ._caps_file import caps_fitted, load_caps, save_caps
 from ._context import DistributedContext, activate_dd_context, current_dd_context
 from ._manager import CompileManager
@@ -173,51 +173,53 @@ class PaddedModel(torch.nn.Module):
         failures_before = guard_failure_counts() if self.on_recompile != "ignore" else {}
         agreement = current_agreement()
         exchanges_before = agreement.step if agreement is not None else 0
-        trial = dict(self.cap_state)  # committed only if the call succeeds
+        # the call's caps (committed only if it succeeds) with what they resolve under: the padder reads
+        # the scope from the caps it is handed, and records each key's resolution in it
+        sizer = self.sizer
+        scope = CapScope(self.max_caps, self.manager.ladder.ready, sizer)
+        trial, rows = ScopedCaps(self.cap_state, scope), scope.rows
         measure = options.memory_budget is not None and index == 0
         pad_seconds, started = 0.0, time.perf_counter()
-        sizer = self.sizer
         notice: CompileNotice | None = None  # a call that may compile says so, and what it did
         work_before = None
-        with _Scope(self.max_caps, self.manager.ladder.ready, sizer) as rows:  # the call's resolutions (plain tuples)
-            try:
-                if measure:
-                    reset_peak(data)
-                if self.pad_in_forward:  # the model pads at its own seam
-                    if index == 0 and options.compile:
-                        message = "first call (caps sized at the model's padding seam): compiling or loading its graph"
-                        notice = CompileNotice(log, message, event=CompileEvent("start", "seam", message))
-                        work_before = stats.snapshot()
-                    step = Step(data, args, kwargs, None, trial)
-                    with activate_dd_context(self._context(trial)), notice or contextlib.nullcontext():
-                        out = self.manager.run(step)
-                else:
-                    t0 = time.perf_counter()
-                    padded = self.padder.pad(data, trial)
-                    pad_seconds += time.perf_counter() - t0
-                    notice = self._notice(index, trial) if options.compile else None
-                    step = Step(padded, args, kwargs, data, trial)
-                    if notice is None:  # nearly every call
-                        out = self.manager.run(step)
-                    else:
-                        work_before = stats.snapshot()
-                        with notice:
-                            out = self.manager.run(step)
+        try:
+            if measure:
+                reset_peak(data)
+            if self.pad_in_forward:  # the model pads at its own seam
+                if index == 0 and options.compile:
+                    message = "first call (caps sized at the model's padding seam): compiling or loading its graph"
+                    notice = CompileNotice(log, message, event=CompileEvent("start", "seam", message))
+                    work_before = stats.snapshot()
+                step = Step(data, args, kwargs, None, trial)
+                with activate_dd_context(self._context(trial)), notice or contextlib.nullcontext():
+                    out = self.manager.run(step)
+            else:
                 t0 = time.perf_counter()
-                out = self.padder.unpad(out)
+                padded = self.padder.pad(data, trial)
                 pad_seconds += time.perf_counter() - t0
-            except CapacityError as exc:  # a ceiling: every rank sees the same agreed need
-                if options.on_overflow != "eager" or trial != self.cap_state:
-                    raise
-                log.warning("%s; running this step unpadded and eager", exc)
-                out = self._eager(data, args, kwargs)
-                stats.record_eager_step()
-                return out
-            except Exception as exc:
-                self._report_failure(agreement, exchanges_before, exc)
-                self._fail(index, resolutions(rows), exc)
-            finally:
-                _restore(self.padder)
+                notice = self._notice(index, trial) if options.compile else None
+                step = Step(padded, args, kwargs, data, trial)
+                if notice is None:  # nearly every call
+                    out = self.manager.run(step)
+                else:
+                    work_before = stats.snapshot()
+                    with notice:
+                        out = self.manager.run(step)
+            t0 = time.perf_counter()
+            out = self.padder.unpad(out)
+            pad_seconds += time.perf_counter() - t0
+        except CapacityError as exc:  # a ceiling: every rank sees the same agreed need
+            if options.on_overflow != "eager" or trial != self.cap_state:
+                raise
+            log.warning("%s; running this step unpadded and eager", exc)
+            out = self._eager(data, args, kwargs)
+            stats.record_eager_step()
+            return out
+        except Exception as exc:
+            self._report_failure(agreement, exchanges_before, exc)
+            self._fail(index, resolutions(rows), exc)
+        finally:
+            _restore(self.padder)
         self.cap_state.update(trial)  # the call succeeded: commit its caps
         self.manager.poll()
         new_form = self.manager.note(step)  # the route that ran these caps and call form (before a warm or shrink)

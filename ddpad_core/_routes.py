@@ -16,14 +16,12 @@ fallback: the call path does not change.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
 
 from ._aot import AotRoute
-from ._capacity import record_resolutions
 from ._compile import compile_model, run_step
 from ._stats import Stats
 from ._store import StoreBinding
@@ -170,8 +168,14 @@ class CompiledRoute:
             return self.eager.reference(padded, step)
         compiled = self.compiled
         assert compiled is not None  # (the compiled step ran first)
-        with torch.compiler.set_stance("force_eager"), record_resolutions() if again else contextlib.nullcontext():
-            return run_step(compiled, self.call, self.dynamo_config, padded, step.args, step.kwargs)
+        scope = getattr(step.caps, "scope", None)
+        recorded = len(scope.rows) if again and scope is not None else None
+        try:
+            with torch.compiler.set_stance("force_eager"):
+                return run_step(compiled, self.call, self.dynamo_config, padded, step.args, step.kwargs)
+        finally:
+            if recorded is not None:
+                del scope.rows[recorded:]  # the seam resolved the same caps again
 
     def close(self) -> None:
         if self.binding is not None:

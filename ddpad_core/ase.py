@@ -113,7 +113,7 @@ class Calculator(_AseCalculator):
         self.results = {"energy": energy, "free_energy": energy}
         if isinstance(out.get("forces"), torch.Tensor):
             self.results["forces"] = _numpy(out["forces"])
-        for key in (adapter.atom_energy_key, "energies"):
+        for key in (adapter.engine.atom_energy_key, "energies"):
             if key is not None and isinstance(out.get(key), torch.Tensor):
                 self.results["energies"] = _numpy(out[key])
                 break

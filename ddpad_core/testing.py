@@ -13,15 +13,15 @@ class and inherits every check::
         atol = 1e-10                 # against the unpadded eager model
 
         @pytest.fixture
-        def model(self):             # default: adapter.random_model(dtype, "cpu")
+        def model(self):             # default: adapter.tools.random_model(dtype, "cpu")
             ...
 
         @pytest.fixture
-        def trajectory(self):        # default: made from adapter.default_system()
+        def trajectory(self):        # default: made from adapter.tools.default_system()
             return [...]             # ase.Atoms or lists of them, counts changing
 
 Each check is also a function (``check_exact``, ``check_dead_rows``,
-``check_call_forms``, ``check_autograd``, ``check_empty_rejected``,
+``check_call_forms``, ``check_autograd``, ``check_engine_hooks``, ``check_empty_rejected``,
 ``check_torchsim``, ``check_tensor_input``, ``check_tight``, ``check_aot``) for use outside pytest classes. Needs pytest and ase;
 the torch-sim check runs where torch-sim is installed and is skipped
 (saying so) where it is not.
@@ -48,6 +48,7 @@ __all__ = [
     "check_call_forms",
     "check_dead_rows",
     "check_empty_rejected",
+    "check_engine_hooks",
     "check_exact",
     "check_graphs",
     "check_tensor_input",
@@ -333,6 +334,43 @@ def check_autograd(adapter: Any, model: torch.nn.Module, structure: Any, *, atol
     _compare({"forces": -grad[:n]}, {"forces": ref["forces"]}, atol=atol, rtol=rtol, where="autograd forces")
 
 
+def check_engine_hooks(adapter: Any, model: torch.nn.Module, structure: Any, *, atol: float, rtol: float = 0.0,
+                       backend: str = "aot_eager") -> None:
+    """What the adapter's :class:`~ddpad.adapters.EngineHooks` declare for
+    engines that split space holds for its model: ``message_layers`` is a
+    count of at least 1, and the per-atom energies (``atom_energy_key``) of
+    the energy-only forward (``energy_only_options``) on the wrapped model
+    sum to the eager energy, their gradient with respect to
+    ``positions_key`` (where one is declared) giving the eager forces: what
+    the LAMMPS engine computes from them."""
+    adapter = resolve_adapter(adapter)
+    engine = adapter.engine
+    if engine.message_layers is None and engine.atom_energy_key is None:
+        pytest.skip(f"adapter {adapter.name!r} declares neither message_layers nor atom_energy_key")
+    if engine.message_layers is not None:
+        layers = engine.message_layers(model)
+        assert type(layers) is int and layers >= 1, f"message_layers gave {layers!r}, not a count >= 1"
+    if engine.atom_energy_key is None:
+        return
+    wrapped = adapter.wrap(model, backend=backend)
+    data = adapter.input_builder(model)(structure)
+    ref = adapter.flat(adapter.reference(model, data))
+    where = f"energy-only per-atom energies ({engine.atom_energy_key!r})"
+    if engine.positions_key is None:  # summed only: the engines that differentiate it refuse the model
+        energies = wrapped(data, **engine.energy_only_options)[engine.atom_energy_key]
+        _compare({"energy": energies.detach().sum()}, {"energy": ref[adapter.flat_energy_key].detach().sum()},
+                 atol=atol, rtol=rtol, where=where)
+        return
+    positions = _get(data, engine.positions_key).detach().clone().requires_grad_(True)
+    _set(data, engine.positions_key, positions)
+    energies = wrapped(data, **engine.energy_only_options)[engine.atom_energy_key]
+    (grad,) = torch.autograd.grad(energies.sum(), positions)
+    n = ref["forces"].shape[0]
+    _compare({"energy": energies.detach().sum(), "forces": -grad[:n]},
+             {"energy": ref[adapter.flat_energy_key].detach().sum(), "forces": ref["forces"]},
+             atol=atol, rtol=rtol, where=where)
+
+
 def check_torchsim(adapter: Any, model: torch.nn.Module, batches: Sequence[Sequence[Any]], *, atol: float,
                    rtol: float = 0.0, backend: str = "aot_eager") -> None:
     """``ddpad.torchsim.Model`` on torch-sim states of ``batches`` (lists of
@@ -365,7 +403,7 @@ def check_tensor_input(adapter: Any, model: torch.nn.Module, structures: Sequenc
     from ._structures import Structures
 
     adapter = resolve_adapter(adapter)
-    if adapter.tensor_input is None:
+    if adapter.engine.tensor_input is None:
         pytest.skip(f"adapter {adapter.name!r} declares no tensor_input")
     device = next(model.parameters()).device
     eager = Evaluator(model, adapter, pad=False, compile=False)
@@ -395,15 +433,15 @@ def check_empty_rejected(adapter: Any, model: torch.nn.Module) -> None:
 
 
 def default_trajectory(adapter: Any, steps: int = 8) -> list[Any]:
-    """Structures from ``adapter.default_system()`` whose atom, edge and
+    """Structures from ``adapter.tools.default_system()`` whose atom, edge and
     system counts change: atoms deleted and rattled, every third step a
     batch of two."""
     import numpy as np
 
     adapter = resolve_adapter(adapter)
-    if adapter.default_system is None:
+    if adapter.tools.default_system is None:
         raise ValueError(f"adapter {adapter.name!r} has no default_system: give the trajectory fixture")
-    base = adapter.default_system()
+    base = adapter.tools.default_system()
     base = base[0] if isinstance(base, (list, tuple)) else base
     rng = np.random.default_rng(0)
 
@@ -453,9 +491,9 @@ class AdapterTests:
 
     @pytest.fixture
     def model(self, resolved: Any) -> torch.nn.Module:
-        if resolved.random_model is None:
+        if resolved.tools.random_model is None:
             raise TypeError(f"adapter {resolved.name!r} has no random_model: override the 'model' fixture")
-        return resolved.random_model(self.dtype, "cpu")
+        return resolved.tools.random_model(self.dtype, "cpu")
 
     @pytest.fixture
     def trajectory(self, resolved: Any) -> list[Any]:
@@ -482,6 +520,9 @@ class AdapterTests:
 
     def test_energy_differentiable_by_the_caller(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
         check_autograd(resolved, model, trajectory[0], atol=self.atol, rtol=self.rtol, backend=self.backend)
+
+    def test_engine_hooks(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
+        check_engine_hooks(resolved, model, trajectory[0], atol=self.atol, rtol=self.rtol, backend=self.backend)
 
     def test_empty_structure_rejected(self, resolved: Any, model: torch.nn.Module) -> None:
         check_empty_rejected(resolved, model)

@@ -22,9 +22,9 @@ def parse(description: str, steps: int) -> argparse.Namespace:
 
 def model_for(adapter: Any, path: str | None, dtype: torch.dtype | None, device: str) -> torch.nn.Module:
     if path:
-        return adapter.load_model(path, device)
+        return adapter.tools.load_model(path, device)
     print("model: randomly initialised (pass --model PATH for a checkpoint)")
-    return adapter.random_model(dtype, device)
+    return adapter.tools.random_model(dtype, device)
 
 
 def run(dyn: Any, atoms: Any, steps: int) -> float:
@@ -87,7 +87,7 @@ def md_example(name: str, dtype: torch.dtype | None, temperature_k: float, descr
     args = parse(description, steps=200)
     adapter = ddpad.adapters.get(name)
     model = model_for(adapter, args.model, dtype, args.device)
-    atoms = adapter.default_system()
+    atoms = adapter.tools.default_system()
     atoms.calc = Calculator(model, name, backend=args.backend)
     dyn = langevin(atoms, Calculator(model, name, pad=False, compile=False), temperature_k, args.check)
     molecules = len(set(atoms.arrays["mol_id"])) if "mol_id" in atoms.arrays else None

@@ -79,7 +79,7 @@ def main() -> None:
 
     mace = get("mace")
 
-    model = mace.load_model(args.model, str(device)) if args.model else mace.random_model(torch.float64, str(device), r_max=3.0)
+    model = mace.tools.load_model(args.model, str(device)) if args.model else mace.tools.random_model(torch.float64, str(device), r_max=3.0)
     atoms = system(tuple(args.cells), args.drift)
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("domain",))
 

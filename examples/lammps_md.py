@@ -93,10 +93,10 @@ def main() -> None:
     if args.device == "cuda":  # one GPU per rank on the node
         torch.cuda.set_device(comm.rank % torch.cuda.device_count())
     adapter = get(args.adapter)
-    model = (adapter.load_model(args.model, args.device) if args.model
-             else adapter.random_model(torch.float64, args.device, r_max=args.r_max))
+    model = (adapter.tools.load_model(args.model, args.device) if args.model
+             else adapter.tools.random_model(torch.float64, args.device, r_max=args.r_max))
     cutoff = float(adapter.cutoff(model))
-    ghost = args.comm_cutoff or adapter.message_layers(model) * cutoff + 1.0  # layers x cutoff + the neighbour skin
+    ghost = args.comm_cutoff or adapter.engine.message_layers(model) * cutoff + 1.0  # layers x cutoff + the neighbour skin
     nx, ny, nz = args.cells
     vacuum = {"bulk": (0, 0, 0), "slab": (3, 0, 0), "cluster": (4, 4, 4)}[args.system]  # lattice units
     start = [0.5 if v else 0 for v in vacuum]  # away from the box edge along vacuum axes

@@ -27,7 +27,7 @@ parser.add_argument("--steps", type=int, default=60)
 args = parser.parse_args()
 
 adapter = ddpad.adapters.get("mace")
-model = adapter.load_model(args.model, args.device) if args.model else adapter.random_model(torch.float64, args.device)
+model = adapter.tools.load_model(args.model, args.device) if args.model else adapter.tools.random_model(torch.float64, args.device)
 structures = []
 for i, rep in enumerate([(1, 1, 1), (2, 1, 1), (1, 1, 2), (2, 2, 1), (1, 2, 1), (2, 1, 2)]):
     atoms = bulk("C", "diamond", a=3.57, cubic=True) * rep

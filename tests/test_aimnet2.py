@@ -43,7 +43,7 @@ def trajectory(model: torch.nn.Module, steps: int, seed: int = 0) -> list[dict[s
             m.positions[:, 0] += 12.0 * i
             m.info["charge"] = float(int(torch.randint(-1, 2, (1,), generator=gen))) if step % 3 == 0 else 0.0
             mols.append(m)
-        out.append(adapters.get("aimnet2").build_input(model, mols, calculator=calc))
+        out.append(adapters.get("aimnet2").engine.build_input(model, mols, calculator=calc))
     return out
 
 
@@ -230,17 +230,17 @@ def test_long_range_configs_take_the_route(config: str, tmp_path: pathlib.Path) 
 
     model = random_model(config=config)
     adapter = adapters.get("aimnet2")
-    systems = [adapter.default_system(), ase_build.molecule("C6H6")]
+    systems = [adapter.tools.default_system(), ase_build.molecule("C6H6")]
     result = check_aot(adapter, model, systems, atol=TOL[torch.float32], forms=False, store=tmp_path)
     sizing = adapter.wrap(model, compile=False, cap_policy="headroom")  # the caps check_aot ran at
     for atoms in systems:
-        sizing(adapter.build_input(model, atoms))
+        sizing(adapter.engine.build_input(model, atoms))
     assert result["refused"] == {} and result["checked"] >= 2 and result["loaded_by_second"] == 1, result
     code = (
         "import sys, json, warnings, torch; warnings.simplefilter('ignore'); sys.path.insert(0, 'tests');"
         "import ddpad.adapters as a; from ddpad.adapters.aimnet2 import random_model, evaluate;"
         "import test_aimnet2 as t;"
-        f"m = random_model(config={config!r}); ad = a.get('aimnet2'); data = ad.build_input(m, ad.default_system());"
+        f"m = random_model(config={config!r}); ad = a.get('aimnet2'); data = ad.engine.build_input(m, ad.tools.default_system());"
         f"w = ad.wrap(m, compile_mode='aot', compile_cache={str(tmp_path)!r}, caps={sizing.caps!r},"
         " cap_policy='headroom', aot_build='foreground');"
         "t.assert_close(w(data), evaluate(m, data), t.TOL[torch.float32]); s = w.stats;"
@@ -277,7 +277,7 @@ def test_build_input_rejects_periodic() -> None:
     model = random_model()
     bulk = ase_build.bulk("Cu", cubic=True)
     with pytest.raises(ValueError, match="pbc"):
-        adapters.get("aimnet2").build_input(model, bulk)
+        adapters.get("aimnet2").engine.build_input(model, bulk)
 
 
 def test_energy_stays_differentiable_by_the_caller() -> None:

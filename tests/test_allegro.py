@@ -60,7 +60,7 @@ def test_joined_dead_atoms_leak_energy(model: torch.nn.Module) -> None:
     """Why the dead system: joined to the real system, dead atoms add their
     per-type energy shift to its energy."""
     adapter = adapters.get("allegro")
-    data = adapter.build_input(model, structure(0, np.random.default_rng(2)))
+    data = adapter.engine.build_input(model, structure(0, np.random.default_rng(2)))
     ref = adapter.reference(model, data)
     own = adapter.wrap(model, compile=False)(data)
     join = adapter.wrap(model, compile=False, padder=nequip_adapter.make_padder(model, placement="join"))(data)
@@ -75,15 +75,15 @@ def test_owned_atomic_energies_differentiable(model: torch.nn.Module) -> None:
     (``energy_only_options``) and differentiate; the sum over all atoms gives
     the full call's forces."""
     adapter = adapters.get("allegro")
-    assert adapter.atom_energy_key == "atomic_energy"
+    assert adapter.engine.atom_energy_key == "atomic_energy"
     wrapped = adapter.wrap(model, backend="aot_eager", on_recompile="raise")
     rng = np.random.default_rng(4)
     for step in range(3):
-        data = adapter.build_input(model, structure(step, rng))
+        data = adapter.engine.build_input(model, structure(step, rng))
         ref = adapter.reference(model, data)
         pos = data["pos"].detach().clone().requires_grad_(True)
-        out = wrapped({**data, "pos": pos}, **adapter.energy_only_options)
-        (grad,) = torch.autograd.grad(out[adapter.atom_energy_key].sum(), pos)
+        out = wrapped({**data, "pos": pos}, **adapter.engine.energy_only_options)
+        (grad,) = torch.autograd.grad(out[adapter.engine.atom_energy_key].sum(), pos)
         torch.testing.assert_close(-grad, ref["forces"], rtol=0, atol=ATOL)
         torch.testing.assert_close(out["atomic_energy"].detach(), ref["atomic_energy"], rtol=0, atol=ATOL)
     assert wrapped.stats.unexplained == []
@@ -94,7 +94,7 @@ def test_owned_atomic_energies_differentiable(model: torch.nn.Module) -> None:
 def test_inductor_one_graph(model: torch.nn.Module) -> None:
     adapter = adapters.get("allegro")
     rng = np.random.default_rng(6)
-    steps = [adapter.build_input(model, structure(i, rng)) for i in range(10)]
+    steps = [adapter.engine.build_input(model, structure(i, rng)) for i in range(10)]
     caps: dict[str, int] = {}  # size the caps on the trajectory first: one inductor compile
     for data in steps:
         adapter.make_padder(model).pad(data, caps)
@@ -111,7 +111,7 @@ def test_inductor_one_graph(model: torch.nn.Module) -> None:
 def test_strictly_local() -> None:
     """Allegro's layers act on each atom's own edges: one cutoff of ghosts."""
     adapter = adapters.get("allegro")
-    assert adapter.message_layers(adapter.random_model(torch.float64, "cpu")) == 1
+    assert adapter.engine.message_layers(adapter.tools.random_model(torch.float64, "cpu")) == 1
 
 
 def test_cli_run_three_steps(tmp_path: pathlib.Path) -> None:

@@ -20,13 +20,13 @@ import ddpad_toy_plugin as toy
 
 
 def _frames(model: torch.nn.Module, count: int, rattle: float = 0.02) -> list[dict[str, torch.Tensor]]:
-    system = toy.ADAPTER.default_system()
+    system = toy.ADAPTER.tools.default_system()
     gen = torch.Generator().manual_seed(0)
     frames = []
     for _ in range(count):
         atoms = system.copy()
         atoms.positions += (torch.randn(len(atoms), 3, generator=gen, dtype=torch.float64) * rattle).numpy()
-        frames.append(toy.ADAPTER.build_input(model, atoms))
+        frames.append(toy.ADAPTER.engine.build_input(model, atoms))
     return frames
 
 
@@ -42,7 +42,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 def test_steady_calls_run_the_package_exactly(store: pathlib.Path) -> None:
-    model = toy.ADAPTER.random_model()
+    model = toy.ADAPTER.tools.random_model()
     wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=store, cap_policy="headroom",
                          aot_build="foreground")
     for data in _frames(model, 6):
@@ -58,7 +58,7 @@ def test_another_process_loads_the_package_bit_for_bit(store: pathlib.Path) -> N
         sys.path.insert(0, sys.argv[2])
         from test_aot import _frames
         torch.manual_seed(0)
-        model = toy.ADAPTER.random_model()
+        model = toy.ADAPTER.tools.random_model()
         wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=sys.argv[1],
                              cap_policy="headroom", aot_build="foreground")
         out = wrapped(_frames(model, 1)[0])
@@ -146,7 +146,7 @@ def test_each_caps_and_call_form_has_one_record_of_the_route_that_answered() -> 
 
 
 def test_a_caller_who_differentiates_the_energy_falls_back(caplog: pytest.LogCaptureFixture) -> None:
-    model = toy.ADAPTER.random_model()
+    model = toy.ADAPTER.tools.random_model()
     wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", backend="aot_eager", cap_policy="headroom")
     data = _frames(model, 1)[0]
     data["pos"].requires_grad_(True)
@@ -160,7 +160,7 @@ def test_a_package_that_disagrees_with_the_eager_step_is_not_used(store: pathlib
                                                                    caplog: pytest.LogCaptureFixture) -> None:
     from ddpad import _aot
 
-    model = toy.ADAPTER.random_model()
+    model = toy.ADAPTER.tools.random_model()
     original = _aot._Package.__call__
 
     def off(self: Any, leaves: list[torch.Tensor]) -> Any:
@@ -196,7 +196,7 @@ def test_the_check_reads_a_float32_models_float64_outputs_at_float32_tolerance()
 
 
 def test_other_weights_are_another_package(store: pathlib.Path) -> None:
-    first, other = toy.ADAPTER.random_model(), toy.ADAPTER.random_model()
+    first, other = toy.ADAPTER.tools.random_model(), toy.ADAPTER.tools.random_model()
     with torch.no_grad():
         other.depth += 0.1
     data = _frames(first, 1)[0]
@@ -208,7 +208,7 @@ def test_other_weights_are_another_package(store: pathlib.Path) -> None:
 
 
 def test_compile_mode_is_checked() -> None:
-    model = toy.ADAPTER.random_model()
+    model = toy.ADAPTER.tools.random_model()
     with pytest.raises(ValueError, match="compile_mode"):
         ddpad.wrap(model, toy.ADAPTER, compile_mode="jit")
     with pytest.raises(TypeError, match="compile=False"):
@@ -238,7 +238,7 @@ def test_ddpad_run_aot_builds_then_loads(tmp_path: pathlib.Path) -> None:
 
 
 def test_a_missing_package_is_built_in_the_background_while_torch_compile_runs(tmp_path: pathlib.Path) -> None:
-    model = toy.ADAPTER.random_model()
+    model = toy.ADAPTER.tools.random_model()
     frames = _frames(model, 4)
     options = {"compile_mode": "aot", "compile_cache": tmp_path, "cap_policy": "headroom", "backend": "aot_eager"}
     with ddpad.wrap(model, toy.ADAPTER, **options) as wrapped:
@@ -279,7 +279,7 @@ def test_a_background_build_the_route_refuses_falls_back_with_its_reason(tmp_pat
 
 
 def test_aot_build_is_checked(tmp_path: pathlib.Path) -> None:
-    model = toy.ADAPTER.random_model()
+    model = toy.ADAPTER.tools.random_model()
     with pytest.raises(ValueError, match="aot_build must be"):
         ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", aot_build="later")
     with pytest.raises(ValueError, match="needs compile_cache"):
@@ -295,7 +295,7 @@ def test_precompile_aot_builds_the_ladder_in_workers_and_a_run_loads_every_rung(
     nothing traced, compiled or built."""
     from ddpad._prebuild import prebuild_packages
 
-    model = toy.ADAPTER.random_model()
+    model = toy.ADAPTER.tools.random_model()
     frames = _frames(model, 1)
     built = prebuild_packages(model, toy.ADAPTER, frames[0], store=tmp_path, rungs=1, workers=2, timeout=900)
     assert built.failed == {} and len(built.rungs) == 1 and built.fitted
@@ -304,10 +304,10 @@ def test_precompile_aot_builds_the_ladder_in_workers_and_a_run_loads_every_rung(
     wrapped(frames[0])
     s = wrapped.stats
     assert (s.aot_loaded, s.aot_compiled, s.aot_background, s.graphs) == (2, 0, 0, 0)
-    system = toy.ADAPTER.default_system()
+    system = toy.ADAPTER.tools.default_system()
     bigger = system + system[:1]
     bigger.positions[-1] += (1.2, 0.0, 0.0)
-    data = toy.ADAPTER.build_input(model, bigger)
+    data = toy.ADAPTER.engine.build_input(model, bigger)
     out = wrapped(data)
     _same(out, model({k: v.clone() for k, v in data.items()}))
     assert wrapped.caps in built.rungs and (s.aot_loaded, s.graphs, s.aot_background) == (2, 0, 0)
@@ -319,8 +319,8 @@ def _aot_rank(rank: int, world: int, store: str) -> dict[str, Any]:
     import ddpad
 
     torch.manual_seed(0)
-    model = toy.ADAPTER.random_model()
-    system = toy.ADAPTER.default_system()
+    model = toy.ADAPTER.tools.random_model()
+    system = toy.ADAPTER.tools.default_system()
     atoms = system[: len(system) - 3 * rank]
     worst = 0.0
     with ddpad.cap_agreement_group(None, "cpu"):
@@ -329,7 +329,7 @@ def _aot_rank(rank: int, world: int, store: str) -> dict[str, Any]:
         for step in range(3):
             frame = atoms.copy()
             frame.rattle(0.02, seed=step + 10 * rank)
-            data = toy.ADAPTER.build_input(model, frame)
+            data = toy.ADAPTER.engine.build_input(model, frame)
             out = wrapped(data)
             ref = model({k: v.clone() for k, v in data.items()})
             worst = max(worst, *(float((out[k] - ref[k].detach()).abs().max()) for k in ("energy", "forces")))
@@ -357,7 +357,7 @@ def test_the_kit_checks_the_toy_through_the_route(tmp_path: pathlib.Path) -> Non
     loaded package, every call form."""
     from ddpad.testing import check_aot, default_trajectory
 
-    model = toy.ADAPTER.random_model()
+    model = toy.ADAPTER.tools.random_model()
     result = check_aot(toy.ADAPTER, model, default_trajectory(toy.ADAPTER, 4), atol=1e-10, store=tmp_path)
     assert result["refused"] == {} and result["worst"] < 1e-10
     assert result["checked"] >= 2 and result["loaded_by_second"] == 1
@@ -441,7 +441,7 @@ def test_a_package_never_outlives_its_weights_or_hyper_parameters(tmp_path: path
     default system). A rebuild (a call whose caps did not change) raises
     none of torch's export deprecations at the user (``FutureWarning:
     isinstance(treespec, LeafSpec) is deprecated``)."""
-    model = toy.ADAPTER.random_model()
+    model = toy.ADAPTER.tools.random_model()
     wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=tmp_path, cap_policy="headroom",
                          aot_build="foreground")
     frame = _frames(model, 1)[0]
@@ -467,7 +467,7 @@ def test_a_package_never_outlives_its_weights_or_hyper_parameters(tmp_path: path
 def test_an_unchanged_model_costs_a_watch_and_no_rekey() -> None:
     """The watch reads counters and identities only; writing the same values
     back in place re-keys to the same key and keeps the package."""
-    model = toy.ADAPTER.random_model()
+    model = toy.ADAPTER.tools.random_model()
     wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", backend="aot_eager", cap_policy="headroom",
                          aot_build="foreground")
     frame = _frames(model, 1)[0]
@@ -485,7 +485,7 @@ def test_a_weight_change_builds_the_new_package_in_the_background(tmp_path: path
     """With background builds, a package of the new weights is built by a
     worker under the new weights' key (not reported as built because the
     old weights' package was) while torch.compile runs."""
-    model = toy.ADAPTER.random_model()
+    model = toy.ADAPTER.tools.random_model()
     frame = _frames(model, 1)[0]
     with ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=tmp_path, cap_policy="headroom",
                     backend="aot_eager") as wrapped:
@@ -509,8 +509,8 @@ def test_steady_table_times_the_package_beside_torch_compile_at_the_same_caps() 
     (not a fallback) at the tight caps ``torch.compile``'s row has."""
     from ddpad._bench.steady import format_steady, steady_table
 
-    model = toy.ADAPTER.random_model()
-    base = toy.ADAPTER.default_system()
+    model = toy.ADAPTER.tools.random_model()
+    base = toy.ADAPTER.tools.default_system()
     structures = []
     for seed in range(3):
         atoms = base.copy()

@@ -18,7 +18,7 @@ from ddpad.ase import Calculator  # noqa: E402
 
 
 def nve_energies(calc: Calculator, steps: int = 60) -> np.ndarray:
-    atoms = ddpad.adapters.get("toy").default_system()
+    atoms = ddpad.adapters.get("toy").tools.default_system()
     atoms.calc = calc
     MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(0))
     dyn = VelocityVerlet(atoms, 2.0 * units.fs)
@@ -30,7 +30,7 @@ def nve_energies(calc: Calculator, steps: int = 60) -> np.ndarray:
 
 def test_nve_drift_equals_plain_calculator() -> None:
     adapter = ddpad.adapters.get("toy")
-    model = adapter.random_model(None, "cpu")
+    model = adapter.tools.random_model(None, "cpu")
     padded = Calculator(model, "toy", backend="eager", on_recompile="raise")
     plain = Calculator(model, "toy", pad=False, compile=False)
     e_pad, e_plain = nve_energies(padded), nve_energies(plain)
@@ -43,9 +43,9 @@ def test_nve_drift_equals_plain_calculator() -> None:
 
 def test_optimizer_runs_on_the_padded_model() -> None:
     adapter = ddpad.adapters.get("toy")
-    atoms = adapter.default_system()
+    atoms = adapter.tools.default_system()
     atoms.rattle(0.05, seed=1)
-    atoms.calc = Calculator(adapter.random_model(None, "cpu"), "toy", compile=False)
+    atoms.calc = Calculator(adapter.tools.random_model(None, "cpu"), "toy", compile=False)
     start = atoms.get_potential_energy()
     BFGS(atoms, logfile=None).run(fmax=0.05, steps=100)
     assert atoms.get_potential_energy() < start
@@ -59,15 +59,15 @@ def test_energy_read_through_properties_and_atom_energies_through_atom_energy_ke
     import dataclasses
 
     toy = ddpad.adapters.get("toy")
-    flat_only = dataclasses.replace(
-        toy, energy_key="total_energy", atom_energy_key="atom_energy",
+    flat_only = dataclasses.replace(toy, energy_key="total_energy", engine=dataclasses.replace(
+        toy.engine, atom_energy_key="atom_energy",
         properties=lambda out: {"energy": out["energy"], "forces": out["forces"], "atom_energy": out["atom_energy"]},
-    )
-    model = toy.random_model(None, "cpu")
-    atoms = toy.default_system()
+    ))
+    model = toy.tools.random_model(None, "cpu")
+    atoms = toy.tools.default_system()
     atoms.rattle(0.05, seed=2)
     atoms.calc = Calculator(model, flat_only, compile=False)
-    reference = model(toy.build_input(model, atoms))
+    reference = model(toy.engine.build_input(model, atoms))
     assert atoms.get_potential_energy() == pytest.approx(float(reference["energy"].detach().sum()), abs=1e-12)
     energies = atoms.get_potential_energies()
     np.testing.assert_allclose(energies, reference["atom_energy"].detach().numpy(), rtol=0, atol=1e-12)

@@ -157,14 +157,16 @@ def test_steady_calls_record_and_respect_ceilings() -> None:
 def test_a_growth_takes_the_smallest_ready_rung_that_fits() -> None:
     """Rungs (caps with graphs ready): a need overflowing by more than a
     stride still lands on the rung its own bucket would miss by a stride."""
-    from ddpad._capacity import _Scope
+    from ddpad import CapScope, ScopedCaps
 
     policies = {"atoms": CapPolicy(1.15, strict_gt=False), "edges": CapPolicy(1.35)}
     rungs = [{"atoms": 96, "edges": 1216}, {"atoms": 64, "edges": 928}]  # any order: the smallest fitting wins
 
     def grow(state: dict[str, int], atoms: int, edges: int, ready: list[dict[str, int]]) -> dict[str, int]:
-        with _Scope(None, ready):
-            return resolve_caps(state, {"atoms": (atoms, policies["atoms"]), "edges": (edges, policies["edges"])})
+        caps = ScopedCaps(state, CapScope(rungs=ready))  # the rungs travel on the caps, as a call hands them
+        out = resolve_caps(caps, {"atoms": (atoms, policies["atoms"]), "edges": (edges, policies["edges"])})
+        state.update(caps)
+        return out
 
     assert grow({"atoms": 48, "edges": 704}, 33, 717, []) == {"atoms": 48, "edges": 944}  # its own bucket
     state = {"atoms": 48, "edges": 704}
@@ -204,3 +206,25 @@ def test_the_growth_rule_is_one_function_for_resolution_rungs_and_shrink(monkeyp
 
     monkeypatch.setattr(CapPolicy, "grow", powers_of_two)
     assert outcomes() == (128, [{"edges": 128}, {"edges": 256}], 128)
+
+
+def test_a_scope_travels_on_the_caps_it_is_handed_with() -> None:
+    """Ceilings and the record of a :class:`ddpad.CapScope` apply to the caps
+    that carry it (:class:`ddpad.ScopedCaps`) and nowhere else: a plain dict
+    resolved beside it sees neither, however the two interleave."""
+    from ddpad import CapacityError, CapScope, ScopedCaps
+
+    policy = CapPolicy(1.0, stride=16)
+    scope = CapScope({"atoms": 32})
+    caps, plain = ScopedCaps({}, scope), {}
+    assert resolve_caps(caps, {"atoms": (20, policy)}) == {"atoms": 32} == caps
+    assert resolve_caps(plain, {"atoms": (40, policy)}) == {"atoms": 48}  # no ceiling, nothing recorded
+    with pytest.raises(CapacityError, match="ceiling is 32"):
+        resolve_caps(caps, {"atoms": (40, policy)})
+    assert caps == {"atoms": 32}  # unchanged by the refused resolution
+    assert [(r.key, r.real, r.old, r.cap) for r in scope.rows] == [("atoms", 20, None, 32)]
+    with ddpad.cap_ceilings({"atoms": 16}), record_resolutions() as recorded:  # the public blocks: plain dicts
+        resolve_caps(caps, {"atoms": (24, policy)})  # under its own scope's ceiling, recorded there
+        with pytest.raises(CapacityError, match="ceiling is 16"):
+            resolve_caps({}, {"atoms": (24, policy)})
+    assert recorded == [] and len(scope.rows) == 2

@@ -232,7 +232,8 @@ def test_a_dtype_the_model_package_refuses_is_one_line(monkeypatch: pytest.Monke
     def float32_only(dtype: object = None, device: str = "cpu") -> None:
         raise ValueError("runs in float32 only (it casts inside forward); got torch.float64")
 
-    refusing = dataclasses.replace(adapters.get("toy"), random_model=float32_only)
+    toy = adapters.get("toy")
+    refusing = dataclasses.replace(toy, tools=dataclasses.replace(toy.tools, random_model=float32_only))
     monkeypatch.setattr(cli._run, "_adapter", lambda name, verbose=False: refusing)
     assert cli.main(["run", "toy", "--dtype", "float64", "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -265,7 +266,7 @@ def _write(name: str, text: str | bytes) -> Callable[[pathlib.Path], None]:
 def _state_dict(folder: pathlib.Path) -> None:
     import torch
 
-    model = __import__("ddpad.adapters", fromlist=["get"]).get("toy").random_model(None, "cpu")
+    model = __import__("ddpad.adapters", fromlist=["get"]).get("toy").tools.random_model(None, "cpu")
     torch.save(model.state_dict(), folder / "weights.pt")
 
 
@@ -313,7 +314,7 @@ def test_elements_the_model_does_not_know_are_one_line(tmp_path: pathlib.Path) -
     from ddpad import adapters
 
     mace = adapters.get("mace")
-    torch.save(mace.random_model(torch.float64, "cpu"), tmp_path / "hco.model")  # knows H, C, O
+    torch.save(mace.tools.random_model(torch.float64, "cpu"), tmp_path / "hco.model")  # knows H, C, O
     ase.io.write(tmp_path / "si.xyz", bulk("Si", cubic=True))
     res = ddpad("run", "mace", "--model", "hco.model", "--system", "si.xyz", "--no-compile", cwd=tmp_path)
     assert res.returncode == 2, res.stderr

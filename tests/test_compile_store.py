@@ -31,7 +31,7 @@ def _data(model: torch.nn.Module, n: int = 27) -> dict[str, torch.Tensor]:
     from ase import Atoms
 
     g = torch.stack(torch.meshgrid(*[torch.arange(3.0)] * 3, indexing="ij"), -1).reshape(-1, 3)[:n]
-    return toy.ADAPTER.build_input(model, Atoms(f"Ar{n}", positions=(g * 1.3).numpy()))
+    return toy.ADAPTER.engine.build_input(model, Atoms(f"Ar{n}", positions=(g * 1.3).numpy()))
 
 
 def test_model_key_follows_architecture_dtype_and_backend_not_weights(tmp_path: pathlib.Path) -> None:
@@ -208,7 +208,7 @@ def test_no_background_compile_for_needs_the_caps_were_sized_for(tmp_path: pathl
     for step in range(5):
         atoms = Atoms("Ar27", positions=grid.numpy())
         atoms.rattle(0.05, seed=step)
-        frames.append(toy.ADAPTER.build_input(model, atoms))
+        frames.append(toy.ADAPTER.engine.build_input(model, atoms))
     options = {"backend": "aot_eager", "compile_cache": tmp_path, "background_compile": 0.9}
     with ddpad.wrap(model, toy.ADAPTER, cap_policy=ddpad.TightPolicy(settle=5), **options) as wrapped:
         for data in [*frames, *frames]:  # fitted on the fifth call; then the needs the window saw
@@ -427,12 +427,12 @@ def _growing(model: torch.nn.Module, atoms: int) -> list[dict[str, torch.Tensor]
     atom: the edges grow about twice as fast as the atoms."""
     import numpy as np
 
-    system, rng, frames = toy.ADAPTER.default_system(), np.random.default_rng(0), []
+    system, rng, frames = toy.ADAPTER.tools.default_system(), np.random.default_rng(0), []
     for _ in range(atoms):
         extra = system[int(rng.integers(len(system)))].position + 1.2 * (d := rng.normal(size=3)) / np.linalg.norm(d)
         system = system + system[:1].copy()
         system.positions[-1] = extra
-        frames.append(toy.ADAPTER.build_input(model, system))
+        frames.append(toy.ADAPTER.engine.build_input(model, system))
     return frames
 
 

@@ -254,3 +254,24 @@ def test_ghost_check_needs_the_models_layers() -> None:
     engine.layers = 0  # e.g. a loaded model whose layer modules were not found
     with pytest.raises(ValueError, match="'plain' says 0 for how many message-passing layers.*pass layers=N"):
         engine._check_ghost_cutoff()
+
+
+def test_an_adapter_whose_energy_is_not_differentiable_by_its_positions_is_refused() -> None:
+    """SevenNet's input holds edge vectors made from the positions before the
+    model sees them: a domain could not take its forces by autograd of its
+    owned energy (before, ``torch.autograd.grad`` failed inside the first
+    step with "appears to not have been used in the graph"). The engine says
+    so up front."""
+    from types import SimpleNamespace
+
+    from ddpad.adapters import EngineHooks
+    from ddpad.engines.lammps import Potential
+
+    engine = Potential.__new__(Potential)  # the check alone: no LAMMPS instance needed
+    hooks = EngineHooks(build_input=lambda model, atoms: atoms, atom_energy_key="atomic_energy", positions_key=None)
+    engine.adapter = SimpleNamespace(name="edges", engine=hooks)
+    with pytest.raises(ValueError, match="'edges' declares no input field its energy is differentiable by"):
+        engine._check_adapter()
+    engine.adapter = SimpleNamespace(name="flat", engine=EngineHooks(build_input=hooks.build_input))
+    with pytest.raises(ValueError, match="'flat' declares no per-atom energies"):
+        engine._check_adapter()

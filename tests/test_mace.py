@@ -67,7 +67,7 @@ def test_100_steps_exact_with_one_graph_per_growth() -> None:
     rng = np.random.default_rng(0)
     sizes = set()
     for step in range(100):
-        data = adapter.build_input(model, structure(step, rng))
+        data = adapter.engine.build_input(model, structure(step, rng))
         sizes.add(data["positions"].shape[0])
         out = wrapped(data, compute_stress=True)
         assert_exact(out, reference(model, data))
@@ -80,7 +80,7 @@ def test_dead_rows_are_inert_and_nan_free() -> None:
     from ddpad.adapters.mace import _step, prepare_model
 
     model = prepare_model(random_model())
-    data = adapters.get("mace").build_input(model, structure(0, np.random.default_rng(1)))
+    data = adapters.get("mace").engine.build_input(model, structure(0, np.random.default_rng(1)))
     padder = make_padder(model)
     padded = padder.pad(data, {})
     n, s, e = data["positions"].shape[0], data["ptr"].shape[0] - 1, data["edge_index"].shape[1]
@@ -110,7 +110,7 @@ def test_joined_dead_atoms_leak_energy() -> None:
     """Why the dead graph: joined to the real graph, dead atoms add the
     per-atom scale-shift to its energy."""
     model = random_model()
-    data = adapters.get("mace").build_input(model, structure(0, np.random.default_rng(2)))
+    data = adapters.get("mace").engine.build_input(model, structure(0, np.random.default_rng(2)))
     ref = reference(model, data)
     own = ddpad.wrap(model, "mace", compile=False)(data, compute_stress=True)
     join = ddpad.wrap(model, "mace", compile=False, padder=make_padder(model, placement="join"))(data, compute_stress=True)
@@ -128,7 +128,7 @@ def test_batch_of_three_sizes_with_changing_system_count() -> None:
     for step in range(12):
         count = (3, 2, 3, 1)[step % 4]
         batch = [structure(step, rng, shapes[i]) for i in range(count)]
-        data = adapter.build_input(model, batch)
+        data = adapter.engine.build_input(model, batch)
         out = wrapped(data, compute_stress=True)
         assert out["energy"].shape == (count,)
         assert_exact(out, reference(model, data))
@@ -145,7 +145,7 @@ def _agreement_worker(rank: int, world: int) -> dict[str, Any]:
     with ddpad.cap_agreement_group(None, "cpu") as agreement:
         for step in range(6):
             count = 1 + rank + step % 2  # uneven systems per rank
-            data = adapter.build_input(model, [structure(step, rng, (1, 1, 1 + rank)) for _ in range(count)])
+            data = adapter.engine.build_input(model, [structure(step, rng, (1, 1, 1 + rank)) for _ in range(count)])
             out = wrapped(data, compute_stress=True)
             assert_exact(out, reference(model, data))
             caps.append(wrapped.caps)
@@ -165,7 +165,7 @@ def test_inductor_20_steps_one_graph() -> None:
     model = random_model()
     adapter = adapters.get("mace")
     rng = np.random.default_rng(4)
-    steps = [adapter.build_input(model, structure(i, rng, (1, 1, 2))) for i in range(20)]
+    steps = [adapter.engine.build_input(model, structure(i, rng, (1, 1, 2))) for i in range(20)]
     caps: dict[str, int] = {}  # size the caps on the trajectory first: one inductor compile
     for data in steps:
         make_padder(model).pad(data, caps)
@@ -195,7 +195,7 @@ def test_a_worker_rebuilds_the_model_under_the_runs_store_key(tmp_path: pathlib.
     wrapped = adapter.wrap(random_model(), compile=False)
     with torch.no_grad():
         next(wrapped.model.parameters()).mul_(1.5)  # fine-tuned after wrapping
-    data = adapter.build_input(wrapped.model, structure(0, np.random.default_rng(0)))
+    data = adapter.engine.build_input(wrapped.model, structure(0, np.random.default_rng(0)))
     spec = write_spec(tmp_path / "background", wrapped, {"atoms": 48}, tmp_path, {}, data, (), {}, PACKAGE_BUILD)
     rebuilt = _prepared(torch.load(spec, weights_only=False), adapter)
     assert model_fingerprint(rebuilt) == model_fingerprint(wrapped.model)
@@ -294,7 +294,7 @@ def test_a_restarted_compile_is_still_timed_and_stored(tmp_path: pathlib.Path) -
     data = evaluator.build(structure(0, np.random.default_rng(0)))
     data["positions"] = data["positions"].detach().requires_grad_(True)
     assert evaluator.wrapped is not None
-    evaluator.wrapped(data, **adapter.energy_only_options)
+    evaluator.wrapped(data, **adapter.engine.energy_only_options)
     stats = evaluator.wrapped.stats
     # aot_eager leaves nothing in torch's caches: the store says so once and counts no miss (issue 27)
     assert stats.graphs == 1 and stats.graphs_compiled == 1 and stats.store_misses == 0

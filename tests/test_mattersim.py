@@ -100,7 +100,7 @@ def test_padded_graph_is_consistent_and_dead_triplets_are_inert() -> None:
 
     model = random_model()
     adapter = adapters.get("mattersim")
-    data = adapter.build_input(model, [structure(0, np.random.default_rng(0)), structure(1, np.random.default_rng(1))])
+    data = adapter.engine.build_input(model, [structure(0, np.random.default_rng(0)), structure(1, np.random.default_rng(1))])
     n, e, t, s = (data["atom_pos"].shape[0], data["edge_index"].shape[1], data["three_body_indices"].shape[0],
                   data["num_atoms"].shape[0])
     padder = make_padder(model)
@@ -146,7 +146,7 @@ def test_triplet_growth_alone_recompiles_once() -> None:
     adapter = adapters.get("mattersim")
     rng = np.random.default_rng(2)
     steps = [structure(0, rng), structure(1, rng, (1, 2, 2)), structure(2, rng)]  # twice the atoms in step 1
-    data = [adapter.build_input(model, s) for s in steps]
+    data = [adapter.engine.build_input(model, s) for s in steps]
     triplets = [d["three_body_indices"].shape[0] for d in data]
     caps: dict[str, int] = {}
     make_padder(model).pad(data[0], caps)
@@ -164,7 +164,7 @@ def test_joined_dead_atoms_leak_energy() -> None:
     their per-atom energy (random normaliser shift) to it."""
     model = random_model()
     adapter = adapters.get("mattersim")
-    data = adapter.build_input(model, structure(0, np.random.default_rng(3)))
+    data = adapter.engine.build_input(model, structure(0, np.random.default_rng(3)))
     ref = adapter.reference(model, data)
     own = ddpad.wrap(model, "mattersim", compile=False)(data)
     join = ddpad.wrap(model, "mattersim", compile=False, padder=make_padder(model, placement="join"))(data)
@@ -182,7 +182,7 @@ def test_float32_noise_is_far_below_the_tolerance() -> None:
     plain = adapter.wrap(model, compile=False)
     worst_noise, worst_dev = 0.0, 0.0
     for structure_ in default_trajectory(adapter, steps=3):
-        data = adapter.build_input(model, structure_)
+        data = adapter.engine.build_input(model, structure_)
         runs = [adapter.reference(model, data) for _ in range(3)]
         out = plain(data)
         for key in KEYS:
@@ -201,7 +201,7 @@ def test_molecules_without_cell() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # mattersim: "No PBC detected, using a large supercell"
         for batch in ([molecule("H2O"), molecule("CH4")], [molecule("C2H6")]):
-            data = adapter.build_input(model, batch)
+            data = adapter.engine.build_input(model, batch)
             assert_exact(wrapped(data), adapter.reference(model, data))
 
 
@@ -211,11 +211,11 @@ def test_build_input_errors() -> None:
     model = random_model()
     adapter = adapters.get("mattersim")
     with pytest.raises(ValueError, match="at least one"):
-        adapter.build_input(model, [])
+        adapter.engine.build_input(model, [])
     with pytest.raises(ValueError, match="no atoms"):
-        adapter.build_input(model, Atoms())
+        adapter.engine.build_input(model, Atoms())
     with pytest.raises(ValueError, match="outside the model's elements"):
-        adapter.build_input(model, Atoms("X", positions=[[0, 0, 0]], cell=[5, 5, 5], pbc=True))
+        adapter.engine.build_input(model, Atoms("X", positions=[[0, 0, 0]], cell=[5, 5, 5], pbc=True))
     with pytest.raises(ValueError, match="float32 only"):
         mattersim_adapter.random_model(torch.float64)
     with pytest.raises(TypeError, match="mattersim Potential"):
@@ -233,16 +233,16 @@ def test_checkpoint_round_trip(tmp_path: pathlib.Path) -> None:
     before = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
-        loaded = adapter.load_model(str(path), "cpu")
+        loaded = adapter.tools.load_model(str(path), "cpu")
         assert torch.backends.cuda.matmul.allow_tf32 is True  # mattersim's Potential sets it globally: restored
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
-    whole = adapter.load_model(str(tmp_path / "whole.pt"), "cpu")
-    data = adapter.build_input(model, structure(0, np.random.default_rng(4)))
+    whole = adapter.tools.load_model(str(tmp_path / "whole.pt"), "cpu")
+    data = adapter.engine.build_input(model, structure(0, np.random.default_rng(4)))
     for other in (loaded, whole):
         assert_exact(adapter.reference(other, data), adapter.reference(model, data))
     with pytest.raises(FileNotFoundError):
-        adapter.load_model("mattersim-v1.0.0-1M", "cpu")  # a pretrained name, not a file: never downloaded
+        adapter.tools.load_model("mattersim-v1.0.0-1M", "cpu")  # a pretrained name, not a file: never downloaded
 
 
 def test_ase_calculator_matches_mattersim_own_calculator() -> None:
@@ -288,7 +288,7 @@ def test_fake_trace_of_the_step_reads_no_size_from_the_data() -> None:
     forward = mattersim_adapter.prepare_model(model)
     adapter = adapters.get("mattersim")
     rng = np.random.default_rng(7)
-    data = adapter.build_input(model, [structure(0, rng), structure(1, rng)])
+    data = adapter.engine.build_input(model, [structure(0, rng), structure(1, rng)])
     padded = make_padder(model).pad(data, {})
     flat, spec = pytree.tree_flatten(padded)
 
@@ -321,7 +321,7 @@ def test_models_built_here_pickle_for_a_worker(tmp_path: pathlib.Path) -> None:
 
     model = random_model()
     model.save(str(tmp_path / "saved.pth"))
-    for potential in (model, adapters.get("mattersim").load_model(str(tmp_path / "saved.pth"), "cpu")):
+    for potential in (model, adapters.get("mattersim").tools.load_model(str(tmp_path / "saved.pth"), "cpu")):
         buffer = io.BytesIO()
         torch.save(potential, buffer)
         buffer.seek(0)
@@ -331,7 +331,7 @@ def test_models_built_here_pickle_for_a_worker(tmp_path: pathlib.Path) -> None:
         for shadow, want in zip(copy_.ema.shadow_params, potential.ema.shadow_params):
             assert torch.equal(shadow, want)
         copy_.save(str(tmp_path / "copy.pth"))
-        data = adapters.get("mattersim").build_input(model, structure(0, np.random.default_rng(9)))
+        data = adapters.get("mattersim").engine.build_input(model, structure(0, np.random.default_rng(9)))
         assert_exact(adapters.get("mattersim").reference(copy_, data), adapters.get("mattersim").reference(model, data))
 
 
@@ -366,7 +366,7 @@ def test_inductor_one_graph() -> None:
     model = random_model()
     adapter = adapters.get("mattersim")
     rng = np.random.default_rng(6)
-    steps = [adapter.build_input(model, structure(i, rng)) for i in range(4)]
+    steps = [adapter.engine.build_input(model, structure(i, rng)) for i in range(4)]
     caps: dict[str, int] = {}  # size the caps on the trajectory first: one inductor compile
     for data in steps:
         make_padder(model).pad(data, caps)

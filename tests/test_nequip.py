@@ -74,7 +74,7 @@ def test_native_output_unpadded_everywhere(model: torch.nn.Module) -> None:
     """Every per-atom, per-edge and per-system key of nequip's output (inputs
     echoed and intermediates too) comes back at the unpadded shape."""
     adapter = adapters.get("nequip")
-    data = adapter.build_input(model, structure(0, np.random.default_rng(0)))
+    data = adapter.engine.build_input(model, structure(0, np.random.default_rng(0)))
     out = adapter.wrap(model, compile=False)(data)
     ref = adapter.reference(model, data)
     assert out.keys() == ref.keys()
@@ -87,7 +87,7 @@ def test_dead_edges_beyond_cutoff_and_dead_system(model: torch.nn.Module) -> Non
     """Dead edges computed nequip's way (pos[j] - pos[i] + shift @ cell[batch[i]])
     are longer than r_max and never zero; dead atoms are all in the dead system."""
     adapter = adapters.get("nequip")
-    data = adapter.build_input(model, structure(0, np.random.default_rng(1)))
+    data = adapter.engine.build_input(model, structure(0, np.random.default_rng(1)))
     padder = adapter.make_padder(model)
     padded = padder.pad(data, {})
     n, e = data["pos"].shape[0], data["edge_index"].shape[1]
@@ -106,7 +106,7 @@ def test_joined_dead_atoms_leak_energy(model: torch.nn.Module) -> None:
     """Why the dead system: joined to the real system, dead atoms add their
     per-type energy shift (PerTypeScaleShift) to its energy."""
     adapter = adapters.get("nequip")
-    data = adapter.build_input(model, structure(0, np.random.default_rng(2)))
+    data = adapter.engine.build_input(model, structure(0, np.random.default_rng(2)))
     ref = adapter.reference(model, data)
     own = adapter.wrap(model, compile=False)(data)
     join = adapter.wrap(model, compile=False, padder=nequip_adapter.make_padder(model, placement="join"))(data)
@@ -149,10 +149,10 @@ def test_energy_only_mode_is_differentiable(model: torch.nn.Module) -> None:
     gradient is minus the forces of the full call."""
     adapter = adapters.get("nequip")
     wrapped = adapter.wrap(model, backend="aot_eager", on_recompile="raise")
-    data = adapter.build_input(model, structure(4, np.random.default_rng(4)))
+    data = adapter.engine.build_input(model, structure(4, np.random.default_rng(4)))
     ref = adapter.reference(model, data)
     pos = data["pos"].detach().clone().requires_grad_(True)
-    out = wrapped({**data, "pos": pos}, **adapter.energy_only_options)
+    out = wrapped({**data, "pos": pos}, **adapter.engine.energy_only_options)
     assert out["atomic_energy"].shape == ref["atomic_energy"].shape
     (grad,) = torch.autograd.grad(out["atomic_energy"].sum(), pos)
     torch.testing.assert_close(-grad, ref["forces"], rtol=0, atol=ATOL)
@@ -161,7 +161,7 @@ def test_energy_only_mode_is_differentiable(model: torch.nn.Module) -> None:
 
 def test_unknown_element_is_a_clear_error(model: torch.nn.Module) -> None:
     with pytest.raises(ValueError, match=r"\['Si'\]"):
-        adapters.get("nequip").build_input(model, bulk("Si", "diamond", a=5.43))
+        adapters.get("nequip").engine.build_input(model, bulk("Si", "diamond", a=5.43))
 
 
 def _write_checkpoint(path: pathlib.Path, config: dict[str, Any], model: torch.nn.Module) -> None:
@@ -184,16 +184,16 @@ def _write_checkpoint(path: pathlib.Path, config: dict[str, Any], model: torch.n
 
 def test_load_model_from_nequip_checkpoint(tmp_path: pathlib.Path, model: torch.nn.Module) -> None:
     """A random model saved as a nequip checkpoint loads through
-    ``adapter.load_model`` and gives the same outputs; nequip.net IDs are refused."""
+    ``adapter.tools.load_model`` and gives the same outputs; nequip.net IDs are refused."""
     adapter = adapters.get("nequip")
     path = tmp_path / "random.ckpt"
     _write_checkpoint(path, nequip_adapter.random_model_config(torch.float64), model)
-    loaded = adapter.load_model(str(path), "cpu")
-    data = adapter.build_input(model, structure(5, np.random.default_rng(5)))
+    loaded = adapter.tools.load_model(str(path), "cpu")
+    data = adapter.engine.build_input(model, structure(5, np.random.default_rng(5)))
     assert_close(adapter.reference(loaded, data), adapter.reference(model, data), atol=0.0)
     assert torch.get_default_dtype() == torch.float32  # nequip's global state stayed scoped
     with pytest.raises(ValueError, match="local files only"):
-        adapter.load_model("nequip.net:mir-group/NequIP-OAM-L:0.1", "cpu")
+        adapter.tools.load_model("nequip.net:mir-group/NequIP-OAM-L:0.1", "cpu")
 
 
 def test_cli_run_three_steps(tmp_path: pathlib.Path) -> None:
@@ -208,7 +208,7 @@ def test_cli_run_three_steps(tmp_path: pathlib.Path) -> None:
 def test_inductor_one_graph(model: torch.nn.Module) -> None:
     adapter = adapters.get("nequip")
     rng = np.random.default_rng(6)
-    steps = [adapter.build_input(model, structure(i, rng)) for i in range(10)]
+    steps = [adapter.engine.build_input(model, structure(i, rng)) for i in range(10)]
     caps: dict[str, int] = {}  # size the caps on the trajectory first: one inductor compile
     for data in steps:
         adapter.make_padder(model).pad(data, caps)
@@ -224,5 +224,5 @@ def test_message_layers_are_the_convolutions() -> None:
     """The LAMMPS engine checks ghost atoms ``message_layers x cutoff`` deep:
     NequIP passes messages once per convolution layer."""
     adapter = adapters.get("nequip")
-    assert adapter.message_layers(nequip_adapter.random_model(torch.float64, num_layers=2)) == 2
-    assert adapter.message_layers(nequip_adapter.random_model(torch.float64, num_layers=3)) == 3
+    assert adapter.engine.message_layers(nequip_adapter.random_model(torch.float64, num_layers=2)) == 2
+    assert adapter.engine.message_layers(nequip_adapter.random_model(torch.float64, num_layers=3)) == 3

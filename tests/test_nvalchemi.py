@@ -52,7 +52,7 @@ def _wrapper():
     from ddpad.adapters import get
     from nvalchemi.models.mace import MACEWrapper
 
-    return MACEWrapper(get("mace").random_model(r_max=R_MAX))
+    return MACEWrapper(get("mace").tools.random_model(r_max=R_MAX))
 
 
 def _build(seed: int = 0, drift: float = 0.0):

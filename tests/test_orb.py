@@ -76,7 +76,7 @@ def test_trajectory_exact_with_one_graph_per_growth(conservative: bool) -> None:
     atoms_seen, edges_seen = set(), set()
     for step in range(12):
         cells = (1, 1, 2) if step < 6 else (1, 2, 2)  # forces growth of atoms and edges
-        data = adapter.build_input(model, structure(step, rng, cells))
+        data = adapter.engine.build_input(model, structure(step, rng, cells))
         atoms_seen.add(int(data.n_node.sum()))
         edges_seen.add(int(data.n_edge.sum()))
         out = wrapped(data)
@@ -99,7 +99,7 @@ def test_batches_with_changing_system_count() -> None:
     for step in range(6):
         count = (3, 2, 3, 1, 2, 3)[step]
         batch = [structure(step, rng) for _ in range(count - 1)] + [mol]
-        data = adapter.build_input(model, batch)
+        data = adapter.engine.build_input(model, batch)
         out = wrapped(data)
         assert out["energy"].shape == (count,)
         assert_exact(out, adapter.reference(model, data), KEYS[True])
@@ -113,7 +113,7 @@ def test_dead_rows_are_inert_and_nan_free(conservative: bool) -> None:
 
     model = random_model(conservative)
     prepared = prepare_model(model)
-    data = adapters.get("orb").build_input(model, structure(0, np.random.default_rng(1)))
+    data = adapters.get("orb").engine.build_input(model, structure(0, np.random.default_rng(1)))
     padder = make_padder(model)
     padded = padder.pad(data, {})
     n, s, e = int(data.n_node.sum()), data.n_node.shape[0], data.senders.shape[0]
@@ -163,7 +163,7 @@ def test_joined_dead_atoms_leak_energy() -> None:
     energy-head output and reference energy to it."""
     model = random_model()
     adapter = adapters.get("orb")
-    data = adapter.build_input(model, structure(0, np.random.default_rng(2)))
+    data = adapter.engine.build_input(model, structure(0, np.random.default_rng(2)))
     ref = adapter.reference(model, data)
     own = ddpad.wrap(model, "orb", compile=False)(data)
     join = ddpad.wrap(model, "orb", compile=False, padder=make_padder(model, placement="join"))(data)
@@ -180,7 +180,7 @@ def test_float32_noise_bound() -> None:
     wrapped = adapter.wrap(model, backend="aot_eager", on_recompile="raise")
     rng = np.random.default_rng(5)
     for step in range(4):
-        data = adapter.build_input(model, structure(step, rng))
+        data = adapter.engine.build_input(model, structure(step, rng))
         out = wrapped(data)
         ref = adapter.reference(model, data)
         for key in ("energy", "grad_forces", "grad_stress"):
@@ -195,11 +195,11 @@ def test_build_input_errors() -> None:
     model = random_model()
     adapter = adapters.get("orb")
     with pytest.raises(ValueError, match="at least one"):
-        adapter.build_input(model, [])
+        adapter.engine.build_input(model, [])
     with pytest.raises(ValueError, match="no atoms"):
-        adapter.build_input(model, Atoms())
+        adapter.engine.build_input(model, Atoms())
     with pytest.raises(ValueError, match="outside orb's elements"):
-        adapter.build_input(model, Atoms("X", positions=[[0, 0, 0]]))
+        adapter.engine.build_input(model, Atoms("X", positions=[[0, 0, 0]]))
 
 
 def test_properties_and_ase_calculator() -> None:
@@ -211,7 +211,7 @@ def test_properties_and_ase_calculator() -> None:
     atoms.calc = Calculator(model, "orb", backend="aot_eager", on_recompile="raise")
     energy, forces, stress = atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress()
     adapter = adapters.get("orb")
-    ref = adapter.reference(model, adapter.build_input(model, atoms))
+    ref = adapter.reference(model, adapter.engine.build_input(model, atoms))
     assert abs(energy - float(ref["energy"].sum())) < 1e-10
     np.testing.assert_allclose(forces, ref["grad_forces"].detach().numpy(), rtol=0, atol=1e-10)
     # orb's own calculator reports grad_stress (Voigt) as ASE's stress
@@ -226,8 +226,8 @@ def test_load_model_roundtrip(tmp_path: pathlib.Path) -> None:
     adapter = adapters.get("orb")
     model = random_model()
     torch.save(model, tmp_path / "small.pt")
-    loaded = adapter.load_model(str(tmp_path / "small.pt"), "cpu")
-    data = adapter.build_input(model, structure(0, np.random.default_rng(7)))
+    loaded = adapter.tools.load_model(str(tmp_path / "small.pt"), "cpu")
+    data = adapter.engine.build_input(model, structure(0, np.random.default_rng(7)))
     # orb's eager backward is not bit-reproducible run to run on CPU (4e-19 measured)
     assert_exact(adapter.reference(loaded, data), adapter.reference(model, data), KEYS[True], atol=1e-15)
 
@@ -237,7 +237,7 @@ def test_load_model_roundtrip(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "orb-v3-direct-20-omat-test.ckpt"
     torch.save(big.state_dict(), path)
     before = torch.get_default_dtype()
-    again = adapter.load_model(str(path), "cpu")
+    again = adapter.tools.load_model(str(path), "cpu")
     assert type(again) is type(big)
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), big.state_dict().values()))
     assert torch.get_default_dtype() == before  # orb's loader sets it globally: restored
@@ -258,7 +258,7 @@ def test_inductor_one_graph() -> None:
     model = random_model()
     adapter = adapters.get("orb")
     rng = np.random.default_rng(4)
-    steps = [adapter.build_input(model, structure(i, rng)) for i in range(8)]
+    steps = [adapter.engine.build_input(model, structure(i, rng)) for i in range(8)]
     caps: dict[str, int] = {}  # size the caps on the trajectory first: one inductor compile
     for data in steps:
         make_padder(model).pad(data, caps)
@@ -282,7 +282,7 @@ def test_inductor_at_one_thread_gives_the_eager_numbers() -> None:
     model = random_model()
     adapter = adapters.get("orb")
     rng = np.random.default_rng(5)
-    steps = [adapter.build_input(model, structure(i, rng)) for i in range(3)]
+    steps = [adapter.engine.build_input(model, structure(i, rng)) for i in range(3)]
     caps: dict[str, int] = {}
     for data in steps:
         make_padder(model).pad(data, caps)

@@ -20,7 +20,7 @@ README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 def test_blocks_are_found() -> None:
     blocks = [b for b in python_blocks(README.read_text(encoding="utf-8")) if b.not_run is None]
-    assert len(blocks) >= 2 and "adapter.random_model()" in blocks[0].code
+    assert len(blocks) >= 2 and "adapter.tools.random_model()" in blocks[0].code
 
 
 def test_every_block_not_run_says_why() -> None:

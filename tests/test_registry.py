@@ -16,7 +16,7 @@ import torch
 
 import ddpad
 import ddpad.adapters as adapters
-from ddpad.adapters import Adapter, AdapterNotFound, AdapterUnavailable
+from ddpad.adapters import Adapter, AdapterNotFound, AdapterUnavailable, EngineHooks
 
 HAS_PLUGIN = importlib.util.find_spec("ddpad_toy_plugin") is not None
 needs_plugin = pytest.mark.skipif(not HAS_PLUGIN, reason="tests/plugin_pkg not installed (nox session core installs it)")
@@ -57,7 +57,7 @@ def test_builtin_missing_package_names_the_extra(name: str) -> None:
 def _toy_adapter(name: str) -> Adapter:
     return Adapter(
         name=name, make_padder=lambda m: ddpad.COOPadder(1.0), energy_key="energy", atom_outputs=("forces",),
-        cutoff=lambda m: 1.0, build_input=lambda m, atoms: atoms, install_hint="(in-process)",
+        cutoff=lambda m: 1.0, engine=EngineHooks(build_input=lambda m, atoms: atoms), install_hint="(in-process)",
     )
 
 
@@ -123,7 +123,7 @@ def test_plugin_adapter_wraps_its_model() -> None:
         def __len__(self) -> int:
             return pos.shape[0]
 
-    data = adapters.get("toy").build_input(model, Atoms())
+    data = adapters.get("toy").engine.build_input(model, Atoms())
     ref = model({k: v.clone() for k, v in data.items()})
     out = wrapped(data)
     assert out.keys() == ref.keys()
@@ -148,7 +148,8 @@ def test_flat_energy_key_follows_properties() -> None:
     assert native.flat_energy_key == "energy"
     renamed = dataclasses.replace(native, energy_key="total_energy")
     assert renamed.flat_energy_key == "total_energy"
-    flattened = dataclasses.replace(renamed, properties=lambda out: {"energy": out["total_energy"]})
+    flattened = dataclasses.replace(renamed, engine=dataclasses.replace(
+        renamed.engine, properties=lambda out: {"energy": out["total_energy"]}))
     assert flattened.flat_energy_key == "energy"
 
 
@@ -279,10 +280,48 @@ def test_building_a_model_is_quiet_for_every_adapter() -> None:
                       "non-base types", UserWarning)  # one of ddpad's known noises (e3nn's)
         return "model"
 
-    adapter = dataclasses.replace(_toy_adapter("noisy"), random_model=noisy)
+    adapter = dataclasses.replace(_toy_adapter("noisy"), tools=ddpad.adapters.ToolHooks(random_model=noisy))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert adapter.random_model(None, "cpu") == "model"
+        assert adapter.tools.random_model(None, "cpu") == "model"
     assert not caught, [str(w.message) for w in caught]
     again = dataclasses.replace(adapter, name="again")
-    assert again.random_model is adapter.random_model
+    assert again.tools.random_model is adapter.tools.random_model
+
+
+def test_the_record_splits_into_runtime_engine_and_tool_parts() -> None:
+    """``Adapter`` holds what the runtime reads; what engines read is in
+    ``engine`` (``EngineHooks``), what the command line, bench and kit read is
+    in ``tools`` (``ToolHooks``). A record written before the split (those
+    fields passed or read flat) keeps working for one release, warning where
+    each field went; an unknown field is refused by name."""
+    from ddpad.adapters import ToolHooks
+
+    def build(m: object, atoms: object) -> object:
+        return atoms
+
+    def random(dtype: object = None, device: str = "cpu") -> torch.nn.Module:
+        return torch.nn.Linear(1, 1)
+
+    new = Adapter(name="split", make_padder=lambda m: ddpad.COOPadder(1.0), energy_key="energy",
+                  cutoff=lambda m: 1.0, engine=EngineHooks(build_input=build, stress_option="stress"),
+                  tools=ToolHooks(random_model=random))
+    assert new.engine.build_input is build and new.call_options(True) == {"stress": True}
+    assert isinstance(new.tools.random_model(None, "cpu"), torch.nn.Linear)
+    with pytest.warns(DeprecationWarning, match=r"build_input=\.\.\., stress_option=\.\.\., random_model=\.\.\..*"
+                      r"Adapter\.engine \(EngineHooks\) and Adapter\.tools \(ToolHooks\)"):
+        old = Adapter(name="split", make_padder=new.make_padder, energy_key="energy", cutoff=new.cutoff,
+                      build_input=build, stress_option="stress", random_model=random)
+    assert old.engine == new.engine and old.tools.random_model is not None and old.make_padder is new.make_padder
+    with pytest.warns(DeprecationWarning, match=r"Adapter\.build_input moved to Adapter\.engine\.build_input"):
+        assert old.build_input is build
+    with pytest.raises(AttributeError, match="no_such_field"):
+        new.no_such_field  # noqa: B018
+    with pytest.raises(TypeError, match=r"unknown field\(s\) \['buld_input'\]"):
+        Adapter(name="typo", make_padder=new.make_padder, energy_key="energy", cutoff=new.cutoff,
+                engine=new.engine, buld_input=build)
+    with pytest.raises(TypeError, match="needs engine=EngineHooks"):
+        Adapter(name="bare", make_padder=new.make_padder, energy_key="energy", cutoff=new.cutoff)
+    import dataclasses
+
+    assert dataclasses.replace(new, name="again").engine is new.engine  # replace() builds the record again

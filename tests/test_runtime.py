@@ -19,8 +19,8 @@ from ddpad import COOPadder, Fill, PaddedModel, RecompileError, ShrinkPolicy
 KEYS = ("energy", "node_energy", "forces", "stress")
 
 
-def padder() -> COOPadder:
-    return COOPadder(
+def padder(cls: type[COOPadder] = COOPadder) -> COOPadder:
+    return cls(
         CUTOFF,
         atom_fields={"node_attrs": 0.0},
         edge_fields={"unit_shifts": Fill.DEAD_UNIT_SHIFT},
@@ -261,11 +261,11 @@ def test_pad_in_forward_through_the_context(warm: int) -> None:
 
 
 def test_public_wrap_with_adapter_object() -> None:
-    from ddpad.adapters import Adapter
+    from ddpad.adapters import Adapter, EngineHooks
 
     adapter = Adapter(
         name="mpnn", make_padder=lambda m: padder(), energy_key="energy", atom_outputs=("forces", "node_energy"),
-        system_outputs=("energy", "stress"), cutoff=lambda m: CUTOFF, build_input=lambda m, a: a,
+        system_outputs=("energy", "stress"), cutoff=lambda m: CUTOFF, engine=EngineHooks(build_input=lambda m, a: a),
         install_hint="(tests)",
     )
     model = MPNN()
@@ -464,3 +464,40 @@ def test_known_third_party_noise_is_silenced_inside_ddpads_own_scopes(capsys: py
     assert messages == ["something the user should see", "To copy construct from a tensor (outside ddpad)"]
     out = capsys.readouterr().out
     assert "cuequivariance" not in out and "a line of the model's own" in out
+
+
+class _OwnCaps(torch.nn.Module):
+    """The MPNN, resolving caps of its own on a plain dict inside its forward
+    (as a model holding a padder of its own, or a framework's, does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mpnn = MPNN()
+        self.own: dict[str, int] = {}
+
+    def forward(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        ddpad.resolve_caps(self.own, {"inner": (100, ddpad.CapPolicy(1.0))})
+        return self.mpnn(data)
+
+
+def test_a_calls_scope_is_handed_to_its_padder_not_left_in_ambient_state() -> None:
+    """The wrapper's ceilings, ready rungs, tight sizing and its record of
+    resolutions reach its padder on the caps it hands over (``ScopedCaps``):
+    a resolution the model makes of its own caps during the call is neither
+    bounded by the wrapper's ceilings nor recorded as the wrapper's (before,
+    the scope sat in context variables, and ``inner`` hit the wrapper's
+    ceiling of 10)."""
+    seen: list[object] = []
+
+    class Seeing(COOPadder):
+        def pad(self, data: Any, cap_state: dict[str, int], cap_atoms: bool = True) -> Any:
+            seen.append(cap_state)
+            return super().pad(data, cap_state, cap_atoms)
+
+    model = _OwnCaps()
+    wrapped = PaddedModel(model, padder(Seeing), compile=False, max_caps={"inner": 10, "atoms": 4096})
+    for data in trajectory(3):
+        assert_same(wrapped(data), model.mpnn({k: v.clone() for k, v in data.items()}))
+    assert model.own == {"inner": 112}  # its own bucket, past the wrapper's ceiling
+    assert {r.key for r in wrapped.last_resolutions} == {"atoms", "edges", "systems"}
+    assert all(isinstance(caps, ddpad.ScopedCaps) and caps.scope.ceilings["inner"] == 10 for caps in seen)

@@ -92,7 +92,7 @@ def test_float32_noise_is_far_below_the_tolerance() -> None:
     and with its edges in another order (what padding may change)."""
     model = random_model()
     adapter = adapters.get("sevennet")
-    data = adapter.build_input(model, structure(0, np.random.default_rng(0), (2, 2, 2)))
+    data = adapter.engine.build_input(model, structure(0, np.random.default_rng(0), (2, 2, 2)))
     first, again = adapter.reference(model, data), adapter.reference(model, data)
     perm = torch.randperm(data["edge_index"].shape[1], generator=torch.Generator().manual_seed(0))
     shuffled = dict(data, edge_index=data["edge_index"][:, perm], edge_vec=data["edge_vec"][perm])
@@ -140,7 +140,7 @@ def test_dead_rows_are_inert_and_nan_free() -> None:
     from ddpad.adapters.sevennet import _step, prepare_model
 
     model = prepare_model(random_model())
-    data = adapters.get("sevennet").build_input(model, structure(0, np.random.default_rng(1)))
+    data = adapters.get("sevennet").engine.build_input(model, structure(0, np.random.default_rng(1)))
     padder = make_padder(model)
     padded = padder.pad(data, {})
     n, s, e = data["pos"].shape[0], data["ptr"].shape[0] - 1, data["edge_index"].shape[1]
@@ -191,7 +191,7 @@ def test_compile_copy_takes_its_sizes_from_the_padded_shapes() -> None:
         if type(module).__name__.startswith("FixedSize"):
             module.__class__ = type(module).__bases__[0]
     rng = np.random.default_rng(2)
-    data = adapters.get("sevennet").build_input(model, [structure(0, rng), structure(1, rng, (1, 1, 1))])
+    data = adapters.get("sevennet").engine.build_input(model, [structure(0, rng), structure(1, rng, (1, 1, 1))])
     padded = make_padder(model).pad(data, {"systems": 4})
     assert padded["num_atoms"].shape[0] == 4 and int(padded["num_atoms"][2]) == 0  # an empty system
 
@@ -246,7 +246,7 @@ def test_huge_dead_edges_overflow_only_the_dead_system() -> None:
     from ddpad.adapters.sevennet import _step, prepare_model
 
     model = prepare_model(random_model())
-    data = adapters.get("sevennet").build_input(model, structure(0, np.random.default_rng(1)))
+    data = adapters.get("sevennet").engine.build_input(model, structure(0, np.random.default_rng(1)))
     padder = make_padder(model)
     padded = padder.pad(data, {})
     e = data["edge_index"].shape[1]
@@ -264,7 +264,7 @@ def test_joined_dead_atoms_leak_energy() -> None:
     anchor pair longer than the cutoff), the dead atoms add sevenn's
     species-wise energy shift to its energy."""
     model = random_model()
-    data = adapters.get("sevennet").build_input(model, structure(0, np.random.default_rng(2)))
+    data = adapters.get("sevennet").engine.build_input(model, structure(0, np.random.default_rng(2)))
     ref = adapters.get("sevennet").reference(model, data)
     own = ddpad.wrap(model, "sevennet", compile=False)(data)
     assert_exact(own, ref)
@@ -280,7 +280,7 @@ def test_unpadded_output_is_the_native_output() -> None:
     detached as sevenn's evaluation mode returns them."""
     model = random_model()
     adapter = adapters.get("sevennet")
-    data = adapter.build_input(model, [structure(i, np.random.default_rng(i)) for i in range(2)])
+    data = adapter.engine.build_input(model, [structure(i, np.random.default_rng(i)) for i in range(2)])
     out = adapter.wrap(model, compile=False)(data)
     ref = adapter.reference(model, data)
     assert_exact(out, ref)
@@ -297,12 +297,12 @@ def test_build_input_rejects_empty_and_unknown() -> None:
     model = random_model()
     adapter = adapters.get("sevennet")
     with pytest.raises(ValueError, match="at least one structure"):
-        adapter.build_input(model, [])
+        adapter.engine.build_input(model, [])
     empty = bulk("C", "diamond", a=3.57)[[]]
     with pytest.raises(ValueError, match="no atoms"):
-        adapter.build_input(model, empty)
+        adapter.engine.build_input(model, empty)
     with pytest.raises(ValueError, match=r"atomic numbers \[14\]"):
-        adapter.build_input(model, bulk("Si", "diamond", a=5.43))
+        adapter.engine.build_input(model, bulk("Si", "diamond", a=5.43))
     with pytest.raises(ValueError, match="float32 only"):
         sevennet_adapter.random_model(torch.float64)
 
@@ -317,12 +317,12 @@ def test_checkpoint_round_trip(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "checkpoint_random.pth"
     sevennet_adapter.save_checkpoint(model, config, path)
     adapter = adapters.get("sevennet")
-    loaded = adapter.load_model(str(path), "cpu")
+    loaded = adapter.tools.load_model(str(path), "cpu")
     assert load_checkpoint(str(path)).config["cutoff"] == CUTOFF
-    data = adapter.build_input(model, structure(0, np.random.default_rng(4)))
+    data = adapter.engine.build_input(model, structure(0, np.random.default_rng(4)))
     assert_exact(adapter.reference(loaded, data), adapter.reference(model, data))
     with pytest.raises(FileNotFoundError):
-        adapter.load_model("7net-0", "cpu")  # a pretrained name, not a file: never downloaded
+        adapter.tools.load_model("7net-0", "cpu")  # a pretrained name, not a file: never downloaded
 
 
 def test_ase_calculator_matches_sevenn_own_calculator() -> None:
@@ -366,7 +366,7 @@ def test_molecules_without_cell() -> None:
     adapter = adapters.get("sevennet")
     wrapped = adapter.wrap(model, compile=False)
     for batch in ([molecule("H2O"), molecule("CH4")], [molecule("C2H6")]):
-        data = adapter.build_input(model, batch)
+        data = adapter.engine.build_input(model, batch)
         assert_exact(wrapped(data), adapter.reference(model, data), keys=KEYS[:2] + KEYS[3:])
 
 
@@ -376,7 +376,7 @@ def test_inductor_20_steps_one_graph() -> None:
     model = random_model()
     adapter = adapters.get("sevennet")
     rng = np.random.default_rng(4)
-    steps = [adapter.build_input(model, structure(i, rng)) for i in range(20)]
+    steps = [adapter.engine.build_input(model, structure(i, rng)) for i in range(20)]
     caps: dict[str, int] = {}  # size the caps on the trajectory first: one inductor compile
     for data in steps:
         make_padder(model).pad(data, caps)
@@ -393,4 +393,4 @@ def test_message_layers_are_the_convolutions() -> None:
     SevenNet passes messages once per convolution."""
     adapter = adapters.get("sevennet")
     for n in (2, 3):
-        assert adapter.message_layers(adapter.random_model(torch.float32, "cpu", num_convolutions=n)) == n
+        assert adapter.engine.message_layers(adapter.tools.random_model(torch.float32, "cpu", num_convolutions=n)) == n

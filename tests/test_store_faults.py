@@ -34,7 +34,7 @@ def _data(model: torch.nn.Module, n: int = 27) -> dict[str, torch.Tensor]:
     from ase import Atoms
 
     g = torch.stack(torch.meshgrid(*[torch.arange(4.0)] * 3, indexing="ij"), -1).reshape(-1, 3)[:n]
-    return toy.ADAPTER.build_input(model, Atoms(f"Ar{n}", positions=(g * 1.3).numpy()))
+    return toy.ADAPTER.engine.build_input(model, Atoms(f"Ar{n}", positions=(g * 1.3).numpy()))
 
 
 @pytest.fixture

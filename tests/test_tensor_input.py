@@ -33,12 +33,12 @@ class Case(NamedTuple):
 
 
 ADAPTERS: dict[str, Case] = {
-    "mace": Case("mace", lambda a: a.random_model(torch.float64, r_max=3.0), 1e-10, 14),
-    "sevennet": Case("sevenn", lambda a: a.random_model(), 2e-5, 14),
-    "uma": Case("fairchem.core", lambda a: a.random_model(torch.float64), 1e-10, 0),
-    "nequip": Case("nequip", lambda a: a.random_model(torch.float64), 1e-10, 14),
-    "allegro": Case("allegro", lambda a: a.random_model(torch.float64), 1e-10, 14),
-    "orb": Case("orb_models", lambda a: a.random_model(), 1e-5, 0, graph_reads=True, mixed_pbc=False),
+    "mace": Case("mace", lambda a: a.tools.random_model(torch.float64, r_max=3.0), 1e-10, 14),
+    "sevennet": Case("sevenn", lambda a: a.tools.random_model(), 2e-5, 14),
+    "uma": Case("fairchem.core", lambda a: a.tools.random_model(torch.float64), 1e-10, 0),
+    "nequip": Case("nequip", lambda a: a.tools.random_model(torch.float64), 1e-10, 14),
+    "allegro": Case("allegro", lambda a: a.tools.random_model(torch.float64), 1e-10, 14),
+    "orb": Case("orb_models", lambda a: a.tools.random_model(), 1e-5, 0, graph_reads=True, mixed_pbc=False),
 }
 
 
@@ -54,7 +54,7 @@ def adapter_model(request: pytest.FixtureRequest) -> tuple[Any, torch.nn.Module,
 def model() -> torch.nn.Module:
     """MACE's (the tests of what one adapter's builder caches)."""
     pytest.importorskip("mace")
-    return get("mace").random_model(torch.float64, r_max=3.0)
+    return get("mace").tools.random_model(torch.float64, r_max=3.0)
 
 
 def close(got: Any, want: Any, tol: float, msg: str) -> None:
@@ -135,8 +135,8 @@ def edges(data: Any) -> list[tuple[float, ...]]:
 def test_same_numbers_as_the_adapters_pipeline(adapter_model: Any, case: str) -> None:
     adapter, model, tol = adapter_model
     atoms = case_atoms(case, adapter)
-    reference = adapter.build_input(model, atoms)
-    data = adapter.tensor_input(model)(Structures.from_atoms(atoms))
+    reference = adapter.engine.build_input(model, atoms)
+    data = adapter.engine.tensor_input(model)(Structures.from_atoms(atoms))
     want, got = fields(reference), fields(data)
     assert got == {k: want[k] for k in got}  # (mace's pipeline adds label fields)
     assert edges(data) == edges(reference)
@@ -213,7 +213,7 @@ def test_steady_step_reads_the_device_only_where_free(adapter_model: Any) -> Non
     but the neighbour list's and the model's own."""
     adapter, model, _ = adapter_model
     structures = Structures.from_atoms(case_atoms("batch of four", adapter))
-    build = adapter.tensor_input(model)
+    build = adapter.engine.tensor_input(model)
     evaluate = Evaluator(model, adapter, compile=False)
     evaluate(structures)
     build(structures)
@@ -230,7 +230,7 @@ def test_steady_step_reads_the_device_only_where_free(adapter_model: Any) -> Non
 
 def test_composition_checked_again_when_atoms_change(model: torch.nn.Module) -> None:
     structures = Structures.from_atoms([crystal((1, 1, 1), 0), crystal((1, 1, 1), 1)])
-    build = get("mace").tensor_input(model)
+    build = get("mace").engine.tensor_input(model)
     first = build(structures)
     assert build(structures)["node_attrs"] is first["node_attrs"]  # reused while the atoms stay
     structures.numbers[3] = 8  # in place: a new composition
@@ -295,12 +295,12 @@ def test_nequip_per_edge_type_cutoffs_prune_as_nequip_does() -> None:
     tensor path's pairs (the same, fewer, edges and numbers as its pipeline)."""
     pytest.importorskip("nequip")
     adapter = get("nequip")
-    model = adapter.random_model(torch.float64, per_edge_type_cutoff={"H": 2.5, "C": {"H": 3.0, "C": 3.5}})
+    model = adapter.tools.random_model(torch.float64, per_edge_type_cutoff={"H": 2.5, "C": {"H": 3.0, "C": 3.5}})
     atoms = [crystal((2, 1, 1), 0), water(3.0)]
-    reference = adapter.build_input(model, atoms)
-    data = adapter.tensor_input(model)(Structures.from_atoms(atoms))
+    reference = adapter.engine.build_input(model, atoms)
+    data = adapter.engine.tensor_input(model)(Structures.from_atoms(atoms))
     assert edges(data) == edges(reference)
-    assert len(edges(data)) < len(edges(adapter.tensor_input(adapter.random_model(torch.float64))(
+    assert len(edges(data)) < len(edges(adapter.engine.tensor_input(adapter.tools.random_model(torch.float64))(
         Structures.from_atoms(atoms))))  # pruned
     evaluate = Evaluator(model, adapter, pad=False, compile=False)
     want, got = evaluate(atoms), evaluate(Structures.from_atoms(atoms))
@@ -325,4 +325,4 @@ def test_orb_refuses_a_slab_as_its_pipeline_does() -> None:
     pytest.importorskip("orb_models")
     adapter = get("orb")
     with pytest.raises(ValueError, match="system\\(s\\) \\[1\\] are periodic along some axes only"):
-        adapter.tensor_input(adapter.random_model())(Structures.from_atoms([crystal((1, 1, 1), 0), slab()]))
+        adapter.engine.tensor_input(adapter.tools.random_model())(Structures.from_atoms([crystal((1, 1, 1), 0), slab()]))

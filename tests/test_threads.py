@@ -18,7 +18,7 @@ def _inputs(model: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
     from ase import Atoms
 
     g = torch.stack(torch.meshgrid(*[torch.arange(4.0)] * 3, indexing="ij"), -1).reshape(-1, 3)
-    return [toy.ADAPTER.build_input(model, Atoms(f"Ar{n}", positions=(g[:n] * 1.3).numpy())) for n in (20, 28, 36)]
+    return [toy.ADAPTER.engine.build_input(model, Atoms(f"Ar{n}", positions=(g[:n] * 1.3).numpy())) for n in (20, 28, 36)]
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "aot_eager"])

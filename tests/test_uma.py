@@ -39,7 +39,7 @@ def molecular_steps(model: torch.nn.Module, steps: int, seed: int = 0, dtype: to
             charge = int(rng.integers(-1, 2))
             mol.info.update(charge=charge, spin=1 + (abs(charge) % 2))
             mols.append(mol)
-        out.append(adapter.build_input(model, mols, task="omol", dtype=dtype))
+        out.append(adapter.engine.build_input(model, mols, task="omol", dtype=dtype))
     return out
 
 
@@ -53,7 +53,7 @@ def periodic_steps(model: torch.nn.Module, steps: int, seed: int = 0) -> list[An
         atoms = atoms[np.sort(rng.permutation(len(atoms))[: len(atoms) - int(rng.integers(0, 4))])]
         atoms.rattle(0.08, seed=step)
         atoms.info.update(charge=0, spin=0)
-        out.append(adapter.build_input(model, atoms, task="omat"))
+        out.append(adapter.engine.build_input(model, atoms, task="omat"))
     return out
 
 

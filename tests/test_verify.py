@@ -143,11 +143,11 @@ def test_a_model_that_writes_into_its_input_is_checked_on_its_own_copy(mode: str
     and the call raised."""
     model = _Scribbler().double().eval()
     wrapped = ddpad.wrap(model, toy.ADAPTER, backend="aot_eager", cap_policy="headroom", compile_mode=mode)
-    system = toy.ADAPTER.default_system()
+    system = toy.ADAPTER.tools.default_system()
     for step in range(3):
         atoms = system.copy()
         atoms.rattle(0.02, seed=step)
-        data = toy.ADAPTER.build_input(model, atoms)
+        data = toy.ADAPTER.engine.build_input(model, atoms)
         out, ref = wrapped(data), model({k: v.clone() for k, v in data.items()})
         for key in ("energy", "forces", "atom_energy"):
             torch.testing.assert_close(out[key], ref[key], rtol=0, atol=1e-12)

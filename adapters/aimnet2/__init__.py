@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from ddpad import DensePadder, Fill
+from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter
 from torch import Tensor
 
@@ -267,12 +268,18 @@ ADAPTER = builtin_adapter(
     make_padder=make_padder,
     energy_key="energy",
     cutoff=_cutoff,
-    build_input=build_input,
     call=_step,
-    input_context=lambda model: {"calculator": _calculator(model), "limit": max_number(model)},
     evaluate=evaluate,
-    random_model=random_model,
-    load_model=load_model,
-    default_system=default_system,
     grad_input="coord",
+    call_forms=({},),  # aimnet's AIMNet2Calculator calls model(data), forces by autograd outside
+    engine=EngineHooks(
+        build_input=build_input,
+        input_context=lambda model: {"calculator": _calculator(model), "limit": max_number(model)},
+        message_layers=None,  # its long-range Coulomb term sees every atom: no finite ghost depth
+    ),
+    tools=ToolHooks(
+        random_model=random_model,
+        load_model=load_model,
+        default_system=default_system,
+    ),
 )

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from ddpad.adapters import ToolHooks
 from ddpad.adapters.nequip import build_random, dtype_name, load_model, make_adapter
 
 __all__ = ["ADAPTER", "random_model", "random_model_config"]
@@ -57,7 +58,6 @@ def random_model(dtype: torch.dtype = torch.float64, device: str = "cpu", **conf
 ADAPTER = make_adapter(
     "allegro",
     requires=("allegro", "nequip"),  # import names, the model package's first
-    random_model=random_model,
-    load_model=load_model,
+    tools=ToolHooks(random_model=random_model, load_model=load_model),
     message_layers=lambda model: 1,  # strictly local: its layers act on an atom's own edges
 )

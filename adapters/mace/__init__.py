@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from ddpad import Composition, COOPadder, Fill, NeighborList, Structures
+from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon
 from torch import Tensor
 
@@ -295,22 +296,26 @@ ADAPTER = builtin_adapter(
     make_padder=make_padder,
     energy_key="energy",
     cutoff=_cutoff,
-    build_input=build_input,
-    tensor_input=tensor_input,
     prepare_model=prepare_model,
     call=_step,
     dynamo_config={"trace_autograd_ops": True},
-    stress_option="compute_stress",
-    random_model=random_model,
-    random_model_elements=ELEMENTS,
-    default_dtype=torch.float64,  # what ddpad run builds the random model in (mace's own tools run float64)
-    load_model=load_model,
-    default_system=default_system,
-    native_padding=native_padding,
-    atom_energy_key="node_energy",
-    message_layers=lambda model: int(model.num_interactions),
-    energy_only_options={"compute_force": False, "compute_stress": False},
     call_forms=CALL_FORMS,
     grad_input="positions",
     evaluate=evaluate,
+    engine=EngineHooks(
+        build_input=build_input,
+        tensor_input=tensor_input,
+        stress_option="compute_stress",
+        atom_energy_key="node_energy",
+        message_layers=lambda model: int(model.num_interactions),
+        energy_only_options={"compute_force": False, "compute_stress": False},
+    ),
+    tools=ToolHooks(
+        random_model=random_model,
+        random_model_elements=ELEMENTS,
+        default_dtype=torch.float64,  # what ddpad run builds the random model in (mace's own tools run float64)
+        load_model=load_model,
+        default_system=default_system,
+        native_padding=native_padding,
+    ),
 )

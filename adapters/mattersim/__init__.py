@@ -102,6 +102,7 @@ from typing import Any
 import torch
 from ase.units import GPa
 from ddpad import CapPolicy, COOPadder, Fill
+from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon
 from torch import Tensor
 
@@ -547,21 +548,27 @@ ADAPTER = builtin_adapter(
     make_padder=make_padder,
     energy_key=ENERGY,
     cutoff=_cutoff,
-    build_input=build_input,
     prepare_model=prepare_model,
     call=_step,
     evaluate=evaluate,
     dynamo_config={"trace_autograd_ops": True, "capture_scalar_outputs": True},
-    stress_option="include_stresses",
-    random_model=random_model,
-    load_model=load_model,
-    default_system=default_system,
-    properties=properties,
     call_forms=(
         {"include_forces": True, "include_stresses": True},  # MatterSimCalculator (compute_stress=True)
         {"include_forces": True, "include_stresses": False},  # MatterSimCalculator(compute_stress=False)
         {"include_forces": False, "include_stresses": False},  # Potential.predict_properties' default
     ),
     grad_input="atom_pos",
-    positions_key="atom_pos",
+    engine=EngineHooks(
+        build_input=build_input,
+        stress_option="include_stresses",
+        properties=properties,
+        positions_key="atom_pos",
+        # M3GNet's interaction blocks, each a cutoff deep (its three-body angles lie within a smaller one)
+        message_layers=lambda model: len(next(m.graph_conv for m in model.modules() if hasattr(m, "graph_conv"))),
+    ),
+    tools=ToolHooks(
+        random_model=random_model,
+        load_model=load_model,
+        default_system=default_system,
+    ),
 )

@@ -31,6 +31,7 @@ are nequip ``GraphModel`` objects built from the same data pipeline.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import warnings
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 from ddpad import Composition, COOPadder, Fill, NeighborList, Structures
-from ddpad.adapters import Adapter
+from ddpad.adapters import Adapter, EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter
 from torch import Tensor
 
@@ -482,38 +483,42 @@ def _convolutions(model: torch.nn.Module) -> int:
     return sum(type(m).__name__ == "ConvNetLayer" for m in model.modules())
 
 
-def make_adapter(name: str, **fields: Any) -> Adapter:
+def make_adapter(name: str, *, requires: tuple[str, ...], tools: ToolHooks, **engine: Any) -> Adapter:
     """An adapter for a nequip-framework model family (nequip, allegro):
-    everything shared, ``fields`` override (random_model, load_model ...);
-    ``requires`` and ``install_hint`` come from the registry entry of ``name``."""
-    base: dict[str, Any] = {
-        "make_padder": make_padder,
-        "energy_key": "energy",  # of the flat properties (nequip's own: total_energy)
-        "cutoff": _cutoff,
+    everything shared; ``tools`` (its own random and saved models) and
+    ``engine`` (fields of :class:`~ddpad.adapters.EngineHooks` that differ,
+    e.g. allegro's ``message_layers``) are the family's. Its install hint
+    comes from the registry entry of ``name``."""
+    hooks: dict[str, Any] = {
         "build_input": build_input,
         "tensor_input": tensor_input,
-        "prepare_model": prepare_model,
-        "call": _step,
-        "evaluate": evaluate,
-        "dynamo_config": {"trace_autograd_ops": True},
-        "compile_region": compile_region,
         "stress_option": None,  # nequip computes stress whenever the input has a cell
-        "default_system": default_system,
         "properties": properties,
         "atom_energy_key": "atomic_energy",
         "message_layers": _convolutions,
         "energy_only_options": {"do_derivatives": False},
-        "call_forms": ({},),  # NequIPCalculator and the torch-sim integration call model(data)
-        "grad_input": None,  # the native energy's graph is consumed by its own autograd.grad
         "positions_key": "pos",
     }
-    base.update(fields)
-    return builtin_adapter(name, **base)
+    return builtin_adapter(
+        name,
+        requires=requires,
+        make_padder=make_padder,
+        energy_key="energy",  # of the flat properties (nequip's own: total_energy)
+        cutoff=_cutoff,
+        prepare_model=prepare_model,
+        call=_step,
+        evaluate=evaluate,
+        dynamo_config={"trace_autograd_ops": True},
+        compile_region=compile_region,
+        call_forms=({},),  # NequIPCalculator and the torch-sim integration call model(data)
+        grad_input=None,  # the native energy's graph is consumed by its own autograd.grad
+        engine=EngineHooks(**{**hooks, **engine}),
+        tools=dataclasses.replace(tools, default_system=tools.default_system or default_system),
+    )
 
 
 ADAPTER = make_adapter(
     "nequip",
     requires=("nequip",),  # import names, the model package's first
-    random_model=random_model,
-    load_model=load_model,
+    tools=ToolHooks(random_model=random_model, load_model=load_model),
 )

@@ -53,6 +53,7 @@ from typing import Any
 
 import torch
 from ddpad import Composition, COOPadder, Fill, Structures
+from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter, diamond_carbon, voigt_to_full
 from torch import Tensor
 
@@ -558,16 +559,22 @@ ADAPTER = builtin_adapter(
     make_padder=make_padder,
     energy_key="energy",
     cutoff=_cutoff,
-    build_input=build_input,
-    tensor_input=tensor_input,
     prepare_model=prepare_model,
     call=_step,
     evaluate=_evaluate,
     dynamo_config={"trace_autograd_ops": True, "capture_dynamic_output_shape_ops": True},
-    random_model=random_model,
-    load_model=load_model,
-    default_system=default_system,
-    properties=properties,
     call_forms=({}, {"split": False}),
     grad_input=None,
+    engine=EngineHooks(
+        build_input=build_input,
+        tensor_input=tensor_input,
+        properties=properties,
+        message_layers=lambda model: int(next(m.num_message_passing_steps for m in model.modules()
+                                              if hasattr(m, "num_message_passing_steps"))),
+    ),
+    tools=ToolHooks(
+        random_model=random_model,
+        load_model=load_model,
+        default_system=default_system,
+    ),
 )

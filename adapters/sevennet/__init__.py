@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 from ddpad import Composition, COOPadder, Fill, NeighborList, Structures
+from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon, voigt_to_full
 from torch import Tensor
 
@@ -449,19 +450,24 @@ ADAPTER = builtin_adapter(
     make_padder=make_padder,
     energy_key=ENERGY,
     cutoff=_cutoff,
-    build_input=build_input,
-    tensor_input=tensor_input,
     prepare_model=prepare_model,
     call=_step,
     evaluate=evaluate,
     dynamo_config={"trace_autograd_ops": True, "capture_scalar_outputs": True},
-    random_model=random_model,
-    random_model_elements=ELEMENTS,
-    load_model=load_model,
-    default_system=default_system,
-    properties=properties,
-    atom_energy_key=ATOMIC_ENERGY,
-    message_layers=lambda model: sum(type(m).__name__ == "IrrepsConvolution" for m in model.modules()),
     call_forms=({},),
     grad_input=None,
+    engine=EngineHooks(
+        build_input=build_input,
+        tensor_input=tensor_input,
+        properties=properties,
+        atom_energy_key=ATOMIC_ENERGY,
+        positions_key=None,  # its input holds edge vectors made from positions: LAMMPS cannot differentiate it
+        message_layers=lambda model: sum(type(m).__name__ == "IrrepsConvolution" for m in model.modules()),
+    ),
+    tools=ToolHooks(
+        random_model=random_model,
+        random_model_elements=ELEMENTS,
+        load_model=load_model,
+        default_system=default_system,
+    ),
 )

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 from ddpad import CapPolicy, Composition, COOPadder, Fill, Structures, current_dd_context
+from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter
 from torch import Tensor
 
@@ -278,15 +279,21 @@ ADAPTER = builtin_adapter(
     make_padder=make_padder,
     energy_key="energy",
     cutoff=_cutoff,
-    build_input=build_input,
-    tensor_input=tensor_input,
     pad_in_forward=True,
     prepare_model=prepare_model,
     compile_region=_compile_core,
     evaluate=_evaluate,
-    properties=properties,
     dynamo_config={"trace_autograd_ops": True},
-    random_model=random_model,
-    load_model=_load_model,
-    default_system=default_system,
+    call_forms=({},),  # fairchem's MLIPPredictUnit (behind its ASE calculator) calls model(data)
+    engine=EngineHooks(
+        build_input=build_input,
+        tensor_input=tensor_input,
+        properties=properties,
+        message_layers=lambda model: int(_backbone(model).num_layers),
+    ),
+    tools=ToolHooks(
+        random_model=random_model,
+        load_model=_load_model,
+        default_system=default_system,
+    ),
 )

@@ -118,7 +118,7 @@ def run_bench(
     if unknown:
         raise ValueError(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
     device = next(model.parameters()).device
-    if adapter.native_padding is None:  # only for packages that pad themselves (mace)
+    if adapter.tools.native_padding is None:  # only for packages that pad themselves (mace)
         variants = tuple(v for v in variants if v != "native-padding")
     build = adapter.input_builder(model)
     inputs = [build(s) for s in structures]
@@ -133,7 +133,7 @@ def run_bench(
             def step(data: Any) -> Any:
                 return adapter.reference(model, data, **kwargs)
         elif name == "native-padding":  # the package's own padding, compiled statically
-            native = adapter.native_padding(model)
+            native = adapter.tools.native_padding(model)
             variant_inputs = [native(s) for s in structures]
             unpadded = UnpaddedCompiled(model, adapter, backend=backend, dynamic=False)
             stats = unpadded.stats

@@ -42,8 +42,8 @@ def first_call(adapter_name: str, store: str, backend: str, device: str, dtype: 
 
     adapter = adapters.get(adapter_name)
     torch.manual_seed(0)
-    model = adapter.random_model(getattr(torch, dtype) if dtype else None, device)
-    data = adapter.build_input(model, adapter.default_system())
+    model = adapter.tools.random_model(getattr(torch, dtype) if dtype else None, device)
+    data = adapter.engine.build_input(model, adapter.tools.default_system())
     # head room: the caps of the first call are the caps of every run (a tight one fits them later)
     # (the AOT rows: this process builds the package, as a first process would with aot_build="foreground")
     aot = {"aot_build": "foreground"} if compile_mode == "aot" else {}
@@ -119,8 +119,8 @@ def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype:
 
     adapter = adapters.get(adapter_name)
     torch.manual_seed(0)
-    model = adapter.random_model(getattr(torch, dtype) if dtype else None, device)
-    atoms = adapter.default_system()
+    model = adapter.tools.random_model(getattr(torch, dtype) if dtype else None, device)
+    atoms = adapter.tools.default_system()
     rng = np.random.default_rng(0)
     times = []
     with ddpad.wrap(model, adapter, compile_cache=store, backend=backend, background_compile=background,
@@ -134,7 +134,7 @@ def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype:
                 atoms = atoms + extra
             frame = atoms.copy()
             frame.positions += rng.normal(scale=0.02, size=frame.positions.shape)
-            data = adapter.build_input(model, frame)
+            data = adapter.engine.build_input(model, frame)
             t0 = time.perf_counter()
             wrapped(data, **adapter.call_options(False))
             if device.startswith("cuda"):
@@ -144,7 +144,7 @@ def growing_run(adapter_name: str, store: str, backend: str, device: str, dtype:
     after = times[1:]
     grew = sorted({e.call for e in [*s.growths, *s.fits]})  # (a fit compiles as a growth does)
     return {
-        "atoms": [len(adapter.default_system()), len(atoms)], "times": times, "total_s": sum(times),
+        "atoms": [len(adapter.tools.default_system()), len(atoms)], "times": times, "total_s": sum(times),
         "first_s": times[0], "max_after_first_s": max(after), "median_s": sorted(after)[len(after) // 2],
         "growth_steps": grew, "max_growth_s": max((times[i] for i in grew), default=0.0),
         "growth_calls": s.growth_calls, "fit_calls": s.fit_calls, "mean_fill": s.mean_fill,
@@ -167,13 +167,13 @@ def precompile_run(adapter_name: str, store: str, backend: str, device: str, dty
 
     adapter = adapters.get(adapter_name)
     torch.manual_seed(0)
-    model = adapter.random_model(getattr(torch, dtype) if dtype else None, device)
-    atoms = adapter.default_system()
+    model = adapter.tools.random_model(getattr(torch, dtype) if dtype else None, device)
+    atoms = adapter.tools.default_system()
     t0 = time.perf_counter()
     if compile_mode == "aot":  # ddpad precompile --aot: every package in its worker process
         from .._prebuild import prebuild_packages
 
-        built = prebuild_packages(model, adapter, adapter.build_input(model, atoms), store=store, rungs=rungs,
+        built = prebuild_packages(model, adapter, adapter.engine.build_input(model, atoms), store=store, rungs=rungs,
                                   tight=cap_policy == "tight", call_kwargs=adapter.call_options(False),
                                   compile_kwargs={"backend": backend})
         if built.failed:
@@ -182,7 +182,7 @@ def precompile_run(adapter_name: str, store: str, backend: str, device: str, dty
     policy: Any = ddpad.TightPolicy(settle=1) if cap_policy == "tight" else cap_policy
     wrapped = ddpad.wrap(model, adapter, compile_cache=store, backend=backend, on_recompile="ignore",
                          warm_ladder=rungs, cap_policy=policy)
-    wrapped(adapter.build_input(model, atoms), **adapter.call_options(False))
+    wrapped(adapter.engine.build_input(model, atoms), **adapter.call_options(False))
     wrapped.close()
     return {"seconds": time.perf_counter() - t0, "caps": wrapped.caps}
 

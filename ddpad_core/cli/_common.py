@@ -106,7 +106,7 @@ def _dtype(adapter: Any, name: str | None) -> torch.dtype:
 
     if name is not None:
         return {"float32": torch.float32, "float64": torch.float64}[name]
-    return adapter.default_dtype or torch.get_default_dtype()
+    return adapter.tools.default_dtype or torch.get_default_dtype()
 
 
 def _output_path(path: str | None, option: str) -> None:
@@ -124,9 +124,9 @@ def _system(adapter: Any, spec: str | None) -> Any:
     """The system to simulate: the adapter's default, an ASE-readable file,
     or a name ``ase.build`` knows (a molecule or a bulk crystal)."""
     if spec is None:
-        if adapter.default_system is None:
+        if adapter.tools.default_system is None:
             raise CliError(f"adapter {adapter.name!r} has no built-in system; pass --system FILE")
-        return adapter.default_system()
+        return adapter.tools.default_system()
     import ase.io
     from ase.build import bulk, molecule
 
@@ -165,31 +165,31 @@ def _model(
 ) -> tuple[torch.nn.Module, str]:
     """The model to run and a description of it. Without ``path``, the
     adapter's random model; where it takes elements
-    (``Adapter.random_model_elements``: mace, sevennet), built for the
+    (``Adapter.tools.random_model_elements``: mace, sevennet), built for the
     system's elements as well as its own."""
     import torch
 
     if path is None:
-        if adapter.random_model is None:
+        if adapter.tools.random_model is None:
             raise CliError(f"adapter {adapter.name!r} cannot build a random model; pass --model PATH")
         options: dict[str, Any] = {}
         what = "RANDOMLY INITIALISED model (no --model given): numbers are not physical"
-        if adapter.random_model_elements is not None:
-            numbers = tuple(sorted(set(adapter.random_model_elements) | _numbers(atoms)))
+        if adapter.tools.random_model_elements is not None:
+            numbers = tuple(sorted(set(adapter.tools.random_model_elements) | _numbers(atoms)))
             options["atomic_numbers"] = numbers
             what = f"RANDOMLY INITIALISED model for {_symbols(numbers)} (no --model given): numbers are not physical"
         try:
             with _quiet_prints(verbose):
-                return adapter.random_model(dtype, device, **options), what
+                return adapter.tools.random_model(dtype, device, **options), what
         except ValueError as exc:  # e.g. a dtype the model package does not run in
             raise CliError(f"{adapter.name}: {_one_line(exc)}") from None
     if not os.path.exists(path):
         raise CliError(f"model file {path!r} does not exist")
-    if adapter.load_model is None:
+    if adapter.tools.load_model is None:
         raise CliError(f"adapter {adapter.name!r} cannot load checkpoints")
     try:
         with _quiet_prints(verbose):
-            model = adapter.load_model(path, device)
+            model = adapter.tools.load_model(path, device)
     except Exception as exc:  # noqa: BLE001 - whatever the file holds, one line
         raise CliError(
             f"cannot load {path!r} as a {adapter.name} model ({type(exc).__name__}: {_one_line(exc)}); "

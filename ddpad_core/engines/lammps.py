@@ -133,11 +133,7 @@ class Potential:
         self.adapter = resolve_adapter(adapter)
         self.exchange_timeout = float(exchange_timeout)
         self._lammps_step = -1
-        if self.adapter.atom_energy_key is None:
-            raise ValueError(
-                f"adapter {self.adapter.name!r} declares no per-atom energies (atom_energy_key); "
-                "a LAMMPS domain sums the energies of the atoms it owns, so it needs them"
-            )
+        self._check_adapter()
         self.lmp = lmp
         self.model = model
         self.fix_id = fix_id
@@ -147,8 +143,8 @@ class Potential:
             [0] + [atomic_numbers[e] if isinstance(e, str) else int(e) for e in elements], dtype=np.int64
         )
         self.cutoff = float(self.adapter.cutoff(model))
-        if layers is None and self.adapter.message_layers is not None:
-            layers = self.adapter.message_layers(model)
+        if layers is None and self.adapter.engine.message_layers is not None:
+            layers = self.adapter.engine.message_layers(model)
         self.layers = None if layers is None else int(layers)
         if check_ghosts:
             self._check_ghost_cutoff()
@@ -182,6 +178,23 @@ class Potential:
                     text = fh.read()
         values = [float(v) for v in re.findall(r"^Communication cutoff[^=\n]*=\s*(\S+)", text, re.MULTILINE)]
         return self.comm.bcast(min(values) if values else None, root=0)
+
+    def _check_adapter(self) -> None:
+        """A domain sums the per-atom energies of the atoms it owns and
+        differentiates that sum with respect to the positions itself: the
+        adapter must declare both."""
+        engine = self.adapter.engine
+        if engine.atom_energy_key is None:
+            raise ValueError(
+                f"adapter {self.adapter.name!r} declares no per-atom energies (atom_energy_key); "
+                "a LAMMPS domain sums the energies of the atoms it owns, so it needs them"
+            )
+        if engine.positions_key is None:
+            raise ValueError(
+                f"adapter {self.adapter.name!r} declares no input field its energy is differentiable by "
+                "(positions_key None: its input holds precomputed edge vectors); a LAMMPS domain takes its "
+                "forces by autograd of its owned atoms' energy with respect to their positions"
+            )
 
     def _check_ghost_cutoff(self) -> None:
         """Ghost atoms must reach ``layers x cutoff`` beyond each subdomain, or
@@ -271,12 +284,12 @@ class Potential:
         from ase import Atoms
 
         data = self.evaluator.build(Atoms(numbers=numbers, positions=x_all, pbc=False))
-        key = self.adapter.positions_key
+        key = self.adapter.engine.positions_key
         positions = data[key].detach().requires_grad_(True)
         data[key] = positions
         with cap_agreement_over(self._reduce_max, self.comm.Get_size(), self.comm.Get_rank()):
-            out = self._runner(data, **self.adapter.energy_only_options)
-        atom_energies = out[self.adapter.atom_energy_key]
+            out = self._runner(data, **self.adapter.engine.energy_only_options)
+        atom_energies = out[self.adapter.engine.atom_energy_key]
         owned = atom_energies[:n_local].sum()
         (grad,) = torch.autograd.grad(owned, positions)
         return float(owned.detach()), (-grad).detach().cpu().numpy().astype(np.float64)

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from .._agreement import Agreement, cap_agreement_group
-from .._capacity import CapPolicy, record_resolutions
+from .._capacity import CapPolicy, CapScope, ScopedCaps, resolutions
 from .._compile import counting_backend
 from .._padders import COOPadder
 from .._protocol import GraphPadder
@@ -118,12 +118,17 @@ class _Accounting:
         return {"backend": counting_backend(self.stats, backend, compile_cache=compile_cache, model=model, **options)}
 
     @contextlib.contextmanager
-    def _accounted(self) -> Iterator[None]:
-        with _agreement(self.group, self.device) as agreement, record_resolutions() as resolved:
+    def _accounted(self, cap_state: dict[str, int]) -> Iterator[ScopedCaps]:
+        """The pad's caps, agreed, with a scope that records what they resolved
+        (``cap_state``, the framework's, is grown when the pad succeeds)."""
+        caps = ScopedCaps(cap_state, CapScope())
+        with _agreement(self.group, self.device) as agreement:
             self.stats.calls = self._pads  # compiles in the coming forward land here
-            yield
+            yield caps
+        cap_state.update(caps)
         self._pads += 1
         self.collectives += agreement.collectives if agreement is not None else 0
+        resolved = resolutions(caps.scope.rows)
         self.stats.record_call(self.stats.calls, resolved, {**self.stats.caps, **{r.key: r.cap for r in resolved}})
 
 
@@ -207,8 +212,8 @@ class BatchPadder(_Accounting):
         for name in edge_fields:
             if name != _NEIGHBORS:
                 self._coo.edge_fields.setdefault(name, 0)
-        with self._accounted():
-            padded = self._coo.pad({**fields, **edge_fields}, cap_state, cap_atoms)
+        with self._accounted(cap_state) as caps:
+            padded = self._coo.pad({**fields, **edge_fields}, caps, cap_atoms)
         n_pad = self._coo.caps["atoms"] - int(fields[_POSITIONS].shape[0])
         e_pad = self._coo.caps["edges"] - int(edge_fields[_NEIGHBORS].shape[0])
         groups = data._storage.groups
@@ -266,8 +271,8 @@ class AgreedPadder(_Accounting):
 
     def pad(self, data: Any, cap_state: dict[str, int], cap_atoms: bool = True) -> Any:
         """``inner.pad`` under agreement."""
-        with self._accounted():
-            return self.inner.pad(data, cap_state, cap_atoms)
+        with self._accounted(cap_state) as caps:
+            return self.inner.pad(data, caps, cap_atoms)
 
     def unpad(self, output: Any, n_real: int | None = None) -> Any:
         """``inner.unpad``."""

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ddpad import COOPadder
-from ddpad.adapters import Adapter
+from ddpad.adapters import Adapter, EngineHooks, ToolHooks
 
 
 class Morse(torch.nn.Module):
@@ -92,11 +92,9 @@ ADAPTER = Adapter(
     atom_outputs=("forces", "atom_energy"),
     system_outputs=("energy",),
     cutoff=lambda model: float(model.cutoff),
-    build_input=_build_input,
     install_hint="pip install ./tests/plugin_pkg",
-    random_model=_random_model,
-    load_model=_load_model,
-    default_system=_default_system,
+    engine=EngineHooks(build_input=_build_input),
+    tools=ToolHooks(random_model=_random_model, load_model=_load_model, default_system=_default_system),
 )
 
 # A plugin whose model package is not installed: listed, with its install hint.
