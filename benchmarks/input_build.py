@@ -46,7 +46,8 @@ def measure(adapter_name: str, sizes: list[int], calls: int) -> dict[str, Any]:
     adapter = get(adapter_name)
     if adapter.engine.tensor_input is None:
         raise SystemExit(f"input_build.py: adapter {adapter_name!r} has no tensor_input")
-    model = adapter.tools.random_model(*((torch.float64,) if adapter_name != "sevennet" else ()))
+    float32_only = ("sevennet", "mattersim")  # their packages run float32 only
+    model = adapter.tools.random_model(*((torch.float64,) if adapter_name not in float32_only else ()))
     rows = []
     for n in sizes:
         atoms = _atoms(n)

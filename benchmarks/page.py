@@ -47,7 +47,7 @@ COLD = (*ONE_THREAD, ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1"))
 
 # the package's steady step beside torch.compile's at the same caps (ddpad bench --steady --package)
 PACKAGE_ADAPTERS = ("mace", "nequip", "allegro", "orb", "sevennet", "mattersim", "aimnet2", "uma")
-INPUT_ADAPTERS = ("mace", "sevennet", "nequip", "uma")  # tensor_input against the pipeline (input_build.py)
+INPUT_ADAPTERS = ("mace", "sevennet", "nequip", "uma", "mattersim")  # tensor_input against the pipeline (input_build.py)
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,7 @@ class NeighborList:
             try:
                 from vesin.torch import NeighborList as Vesin
             except ImportError as exc:
-                raise ImportError("ddpad's tensor input path needs vesin-torch (in the mace, sevennet, nequip, "
+                raise ImportError("ddpad's tensor input path needs vesin-torch (in the mace, sevennet, nequip, mattersim, "
                                   f"allegro and torchsim extras): pip install vesin-torch, or "
                                   f"{install_command('torchsim')}") from exc
         self.cutoff = float(cutoff)

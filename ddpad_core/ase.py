@@ -54,8 +54,8 @@ class Calculator(_AseCalculator):
         Options passed on every model call.
     tensor_input
         Build the model's input from the atoms' arrays as tensors on the
-        model's device (the adapter's ``tensor_input``: all but AIMNet2 and
-        MatterSim; the numbers tensor is reused while the atoms stay the
+        model's device (the adapter's ``tensor_input``: all but AIMNet2;
+        the numbers tensor is reused while the atoms stay the
         same), not through the adapter's ASE pipeline. ``None``: where the
         adapter has one and its neighbour list (vesin-torch) is installed;
         ``True``: an error if it cannot; ``False``: the pipeline (the

@@ -71,7 +71,7 @@ class Model(ModelInterface):
 
     Notes
     -----
-    Where the adapter has a ``tensor_input`` (all but AIMNet2 and MatterSim),
+    Where the adapter has a ``tensor_input`` (all but AIMNet2),
     each step builds the model's input from the state's tensors on their
     device; no ``ase.Atoms``. Otherwise each step converts the state
     to ``ase.Atoms`` and builds the input with the adapter's own pipeline, on

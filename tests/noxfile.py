@@ -220,4 +220,5 @@ def mattersim(session: nox.Session) -> None:
     torchvision mattersim requires stays installed, unimported: see the
     extra's torchmetrics pin in pyproject.toml)."""
     # the whole registry module: its broken-package tests shadow a real mattersim here
-    _adapter_session(session, "mattersim,torchsim", "tests/test_mattersim.py", "tests/test_docs.py", "tests/test_registry.py")
+    _adapter_session(session, "mattersim,torchsim", "tests/test_mattersim.py", "tests/test_tensor_input.py",
+                     "tests/test_docs.py", "tests/test_registry.py")

@@ -101,14 +101,14 @@ from typing import Any
 
 import torch
 from ase.units import GPa
-from ddpad import CapPolicy, COOPadder, Fill
+from ddpad import CapPolicy, Composition, COOPadder, Fill, NeighborList, Structures
 from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon
 from torch import Tensor
 
 __all__ = [
     "ADAPTER", "MatterSimForward", "MatterSimPadder", "build_input", "default_system", "evaluate", "load_model",
-    "make_padder", "prepare_model", "properties", "random_model",
+    "make_padder", "prepare_model", "properties", "random_model", "tensor_input",
 ]
 
 ENERGY = "total_energy"
@@ -416,6 +416,98 @@ def build_input(model: torch.nn.Module, atoms: Any, *, device: str | torch.devic
     return data
 
 
+def tensor_input(model: torch.nn.Module) -> Any:
+    """``Structures -> mattersim's input dict`` on the structures' device, as
+    :func:`build_input` makes it through mattersim's ``GraphConvertor``: a
+    structure periodic along no direction is put in mattersim's cubic box
+    (its extent plus five cutoffs, then periodic), positions are wrapped into
+    the cell (fractional coordinates mod 1, along every direction, as
+    mattersim does), the pairs within the cutoff come from vesin-torch,
+    grouped by centre (within a centre in vesin's order, not pymatgen's: the
+    same pairs, the sums in another order) and the three-body indices (every
+    ordered pair of a centre's bonds within the three-body cutoff) are made on
+    the device. Per composition the species and counts; per step the
+    neighbour list and the triplets (their number is read from the device:
+    it sizes them)."""
+    m3gnet = _m3gnet(model)
+    args = m3gnet.model_args
+    cutoff, three_body = float(args["cutoff"]), float(args["threebody_cutoff"])
+    known = frozenset(range(1, int(m3gnet.max_z) + 1))
+    pairs = NeighborList(cutoff)  # (vesin-torch: an ImportError here, not at the first step)
+    state: dict[str, Any] = {}
+
+    def build(structures: Structures) -> dict[str, Any]:
+        composition = Composition.of(structures, state.get("composition"), known)
+        device, system = structures.positions.device, composition.system
+        if composition is not state.get("composition"):
+            boxed = [not any(p) for p in composition.pbc]
+            state.update(composition=composition, graph=None, boxed=torch.tensor(boxed, device=device),
+                         any_boxed=any(boxed), atom_attr=structures.numbers.long().unsqueeze(-1),
+                         num_atoms=composition.ptr.diff(),
+                         pbc=torch.tensor([[True] * 3 if b else p for b, p in zip(boxed, composition.pbc)],
+                                          device=device))
+        positions, cells = structures.positions.detach().double(), structures.cells.detach().double()
+        if state["any_boxed"]:  # mattersim's box around a structure periodic nowhere
+            index = system[:, None].expand(-1, 3)
+            low = torch.full_like(cells[:, 0], torch.inf).scatter_reduce(0, index, positions, "amin")
+            high = torch.full_like(cells[:, 0], -torch.inf).scatter_reduce(0, index, positions, "amax")
+            side = ((high - low) + 5 * max(cutoff, three_body)).amax(dim=1)
+            box = torch.eye(3, dtype=cells.dtype, device=device) * side[:, None, None]
+            cells = torch.where(state["boxed"][:, None, None], box, cells)
+        fractional = torch.linalg.solve(cells.transpose(1, 2)[system], positions.unsqueeze(-1)).squeeze(-1)
+        positions = torch.einsum("ni,nij->nj", fractional % 1.0, cells[system])
+        wrapped = Structures(positions, structures.numbers, cells, state["pbc"], structures.system)
+        graph = state["graph"] = Composition.of(wrapped, state["graph"])  # (the boxed systems periodic)
+        edge_index, unit_shifts, _ = pairs(wrapped, graph)
+        order = torch.sort(edge_index[0], stable=True).indices  # grouped by centre, as the triplets need
+        edge_index, unit_shifts = edge_index[:, order], unit_shifts[order]
+        vectors = positions[edge_index[1]] - positions[edge_index[0]] \
+            + torch.einsum("ei,eij->ej", unit_shifts, cells[system[edge_index[0]]])
+        data = _three_body(edge_index, vectors.norm(dim=1) <= three_body, system, composition.n_systems)
+        n_atoms, n_bonds = positions.shape[0], edge_index.shape[1]
+        data.update(
+            atom_pos=positions.float(), cell=cells.float(), pbc_offsets=unit_shifts.float(),
+            atom_attr=state["atom_attr"], edge_index=edge_index, num_atoms=state["num_atoms"],
+            num_graphs=torch.tensor(composition.n_systems, device=device), batch=system,
+            total_num_atoms=n_atoms, total_num_bonds=n_bonds,
+        )
+        return data
+
+    return build
+
+
+def _three_body(edge_index: Tensor, within: Tensor, system: Tensor, n_systems: int) -> dict[str, Tensor]:
+    """mattersim's three-body fields (``compute_threebody_indices``) from
+    pairs sorted by centre: for each centre, every ordered pair of its bonds
+    ``within`` the three-body cutoff, bond-major; indices are each system's
+    own bond numbers (``bond_index_bias``: its first bond)."""
+    device = edge_index.device
+    n_bonds = edge_index.shape[1]
+    bond_system = system[edge_index[0]]
+    num_bonds = torch.bincount(bond_system, minlength=n_systems)
+    first_bond = num_bonds.cumsum(0) - num_bonds
+    valid = within.nonzero().squeeze(1)  # the bonds that form angles, in bond order (grouped by centre)
+    centre = edge_index[0, valid]
+    per_centre = torch.bincount(centre, minlength=system.shape[0])
+    group_start = (per_centre.cumsum(0) - per_centre)[centre]  # the centre's first valid bond, in ``valid``
+    partners = per_centre[centre] - 1  # the other bonds of its centre
+    first = torch.repeat_interleave(torch.arange(valid.shape[0], device=device), partners)
+    offset = torch.arange(first.shape[0], device=device) - (partners.cumsum(0) - partners)[first]
+    own = torch.arange(valid.shape[0], device=device)[first] - group_start[first]
+    second = group_start[first] + offset + (offset >= own).long()  # every other bond of the centre, in order
+    ij, ik = valid[first], valid[second]
+    bias = first_bond[bond_system[ij]]
+    num_triple_ij = torch.zeros(n_bonds, dtype=torch.long, device=device)
+    num_triple_ij[valid] = partners
+    return {
+        "three_body_indices": torch.stack((ij - bias, ik - bias), dim=1),
+        "num_three_body": torch.zeros(n_systems, dtype=torch.long, device=device).index_add_(
+            0, bond_system[valid], partners),
+        "num_bonds": num_bonds, "num_triple_ij": num_triple_ij.unsqueeze(-1),
+        "bond_index_bias": bias.unsqueeze(-1), "three_body_edge_map": ij,
+    }
+
+
 @contextlib.contextmanager
 def _mattersim_globals() -> Iterator[None]:
     """mattersim's ``Potential`` sets ``torch.backends.cuda.matmul.allow_tf32``
@@ -560,6 +652,7 @@ ADAPTER = builtin_adapter(
     grad_input="atom_pos",
     engine=EngineHooks(
         build_input=build_input,
+        tensor_input=tensor_input,
         stress_option="include_stresses",
         properties=properties,
         positions_key="atom_pos",
