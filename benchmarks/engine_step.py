@@ -2,8 +2,8 @@
 
 ``python benchmarks/engine_step.py {torchsim,ase} {one,batch} [--adapter mace] [--blocks 8] [--steps 10] [--backend inductor] [--json FILE]``
 
-One process, one random model (MACE in float64, SevenNet and Orb in
-float32: SevenNet's only dtype, Orb's calculator's default), Langevin dynamics at 600 K, 1 fs. ``one`` is a 64-atom diamond
+One process, one random model (MACE in float64, SevenNet, Orb and MatterSim
+in float32: SevenNet's and MatterSim's only dtype, Orb's calculator's default), Langevin dynamics at 600 K, 1 fs. ``one`` is a 64-atom diamond
 cell, ``batch`` four rattled crystals of different sizes (376 atoms) in one
 state (torch-sim only).
 
@@ -61,6 +61,9 @@ def _torchsim_baseline(adapter: str, model: Any) -> tuple[str, Any]:
         from torch_sim.models.mace import MaceModel
 
         return "torch-sim MaceModel", MaceModel(copy.deepcopy(model), device=device, dtype=dtype)
+    if adapter == "mattersim":  # torch-sim 0.3.0's MatterSimModel builds its batch on mattersim's default device
+        raise SystemExit("engine_step.py: torch-sim's MatterSimModel does not run on a CPU: it calls mattersim's "
+                         "batch_to_dict without a device, whose default is 'cuda'")
     if adapter == "orb":  # torch-sim 0.3.0's OrbModel imports a module orb-models 0.5 does not have
         raise SystemExit("engine_step.py: torch-sim's OrbModel does not load here: it imports "
                          "orb_models.forcefield.graph_regressor, which orb-models 0.5.5 does not have")
@@ -77,6 +80,10 @@ def _ase_baseline(adapter: str, model: Any) -> tuple[str, Any]:
         from mace.calculators import MACECalculator
 
         return "MACECalculator", MACECalculator(models=copy.deepcopy(model), device="cpu", default_dtype="float64")
+    if adapter == "mattersim":
+        from mattersim.forcefield import MatterSimCalculator
+
+        return "MatterSimCalculator", MatterSimCalculator(potential=copy.deepcopy(model), device="cpu")
     if adapter == "orb":
         from orb_models.forcefield.calculator import ORBCalculator
 
@@ -140,7 +147,7 @@ def _ase(adapter: str, model: Any, kind: str, backend: str, store: str,
 
 
 ENGINES = {"torchsim": _torchsim, "ase": _ase}
-ADAPTERS = ("mace", "sevennet", "orb")
+ADAPTERS = ("mace", "sevennet", "orb", "mattersim")
 
 
 def measure(engine: str, kind: str, blocks: int, steps: int, backend: str, adapter: str = "mace",

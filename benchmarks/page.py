@@ -86,7 +86,7 @@ MEASUREMENTS = (
       for engine, kind, adapter, modules in (("torchsim", "one", "mace", ("torch_sim",)),
                                              ("torchsim", "batch", "mace", ("torch_sim",)),
                                              ("ase", "one", "mace", ()), ("ase", "one", "sevennet", ()),
-                                             ("ase", "one", "orb", ()))),
+                                             ("ase", "one", "orb", ()), ("ase", "one", "mattersim", ()))),
     *(Measurement(f"input-{a}", a, (a,), (a, "--calls", "3"), script="input_build.py", modules=("vesin_torch",))
       for a in INPUT_ADAPTERS),
 )
@@ -316,7 +316,7 @@ def growing_section(doc: dict[str, Any]) -> str:
 
 
 ENGINE_NAMES = {"torchsim": "torch-sim (`nvt_langevin`)", "ase": "ASE (`Langevin`)"}
-ENGINE_RUNS = ("torchsim-one", "torchsim-batch", "ase-one", "ase-one-sevennet", "ase-one-orb")
+ENGINE_RUNS = ("torchsim-one", "torchsim-batch", "ase-one", "ase-one-sevennet", "ase-one-orb", "ase-one-mattersim")
 
 
 def engines_section(docs: list[dict[str, Any]]) -> str:
@@ -334,13 +334,14 @@ def engines_section(docs: list[dict[str, Any]]) -> str:
                          f"{v['ms']:.1f}", ratio, spread])
     return "\n\n".join([
         "ddpad's MD step inside an engine against the engine's own model wrapper (same random model - MACE in "
-        "float64, SevenNet and Orb in float32 - same start, one process; `python benchmarks/engine_step.py ENGINE SYSTEM "
+        "float64, SevenNet, Orb and MatterSim in float32 - same start, one process; `python benchmarks/engine_step.py ENGINE SYSTEM "
         "--adapter ADAPTER`): ddpad with `backend="
         "\"inductor\"` and the compile store (its caps the tight fit), building the input from the engine's "
         "tensors; \"ASE pipeline\" is ddpad's calculator with `tensor_input=False` (the package's data pipeline). "
         "torch-sim 0.3.0's `SevenNetModel` does not load with sevenn 0.13 (it imports `torch_script_type`, which "
         "sevenn no longer has) nor its `OrbModel` with orb-models 0.5.5 (it imports `graph_regressor`), so "
-        "SevenNet and Orb have no torch-sim row. Orb compiled by Inductor at one thread disagrees with its eager "
+        "SevenNet and Orb have no torch-sim row; its `MatterSimModel` builds its batch on mattersim's default device "
+        "(`batch_to_dict(...)` without a device: `cuda`), so it does not run on a CPU and MatterSim has none either. Orb compiled by Inductor at one thread disagrees with its eager "
         "step (a known miscompile); ddpad's first-use check catches it and those caps run eager. After a "
         "warm-up the variants step in alternating blocks of 10 steps; the ratio is a variant's step over the "
         "engine's own model's, per block (median, and the range over blocks).",
