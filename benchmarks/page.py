@@ -335,7 +335,7 @@ def engines_section(docs: list[dict[str, Any]]) -> str:
     return "\n\n".join([
         "ddpad's MD step inside an engine against the engine's own model wrapper (same random model - MACE in "
         "float64, SevenNet, Orb and MatterSim in float32 - same start, one process; `python benchmarks/engine_step.py ENGINE SYSTEM "
-        "--adapter ADAPTER`): ddpad with `backend="
+        "--adapter ADAPTER`, or every engine in one table: `ddpad bench ADAPTER --engines`): ddpad with `backend="
         "\"inductor\"` and the compile store (its caps the tight fit), building the input from the engine's "
         "tensors; \"ASE pipeline\" is ddpad's calculator with `tensor_input=False` (the package's data pipeline). "
         "torch-sim 0.3.0's `SevenNetModel` does not load with sevenn 0.13 (it imports `torch_script_type`, which "

@@ -112,6 +112,14 @@ class ToolHooks:
     native_padding
         ``model -> (atoms -> padded native input)``: the model package's own
         padding, benchmarked by ``ddpad bench`` beside ddpad.
+    ase_calculator
+        ``model -> ase calculator``: the model package's own ASE calculator
+        around ``model``, the baseline of ``ddpad bench --engines``' ASE rows
+        (an ``ImportError`` or ``RuntimeError`` when it cannot run here, with
+        why).
+    torchsim_model
+        ``model -> torch-sim model``: the package's own torch-sim model around
+        ``model``, the baseline of the torch-sim rows (likewise).
     """
 
     random_model: Callable[[torch.dtype, str], torch.nn.Module] | None = None
@@ -120,6 +128,8 @@ class ToolHooks:
     load_model: Callable[[str, str], torch.nn.Module] | None = None
     default_system: Callable[[], Any] | None = None
     native_padding: Callable[[torch.nn.Module], Callable[[Any], Any]] | None = None
+    ase_calculator: Callable[[torch.nn.Module], Any] | None = None
+    torchsim_model: Callable[[torch.nn.Module], Any] | None = None
 
     def __post_init__(self) -> None:
         for hook in ("random_model", "load_model"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 import warnings
 from typing import Any
@@ -298,3 +299,25 @@ def test_a_restarted_compile_is_still_timed_and_stored(tmp_path: pathlib.Path) -
     stats = evaluator.wrapped.stats
     # aot_eager leaves nothing in torch's caches: the store says so once and counts no miss (issue 27)
     assert stats.graphs == 1 and stats.graphs_compiled == 1 and stats.store_misses == 0
+
+
+def test_bench_engines_one_table_against_maces_own_models(tmp_path: pathlib.Path) -> None:
+    """``ddpad bench mace --engines``: ASE and torch-sim (one system and a
+    batch of four) each against mace's own ``MACECalculator`` and
+    torch-sim's ``MaceModel``, in alternating blocks of one process."""
+    from ddpad import cli
+
+    out = tmp_path / "engines.json"
+    assert cli.main(["bench", "mace", "--engines", "--blocks", "1", "--backend", "aot_eager",
+                     "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = {(r["engine"], r["kind"]): r for r in report["engines"]}
+    assert set(rows) == {("ase", "one"), ("torchsim", "one"), ("torchsim", "batch")}, report["not_measured"]
+    assert rows["ase", "one"]["baseline"] == "MACECalculator"
+    assert rows["torchsim", "batch"]["baseline"] == "torch-sim MaceModel" and rows["torchsim", "batch"]["systems"] == 4
+    assert set(rows["ase", "one"]["variants"]) == {"ddpad", "ddpad (ASE pipeline)", "MACECalculator"}
+    for row in rows.values():
+        assert row["disagreements"] == 0 and row["graphs"] >= 1
+        for variant in row["variants"].values():
+            assert variant["ms"] > 0 and variant["ratio_median"] > 0
+        assert row["variants"][row["baseline"]]["ratio_median"] == 1.0

@@ -290,6 +290,23 @@ def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
 default_system = diamond_carbon
 
 
+def ase_calculator(model: torch.nn.Module) -> Any:
+    """mace's own ``MACECalculator`` around ``model``, in its dtype and on its device."""
+    from mace.calculators import MACECalculator
+
+    param = next(model.parameters())
+    dtype = "float64" if param.dtype == torch.float64 else "float32"
+    return MACECalculator(models=model, device=str(param.device), default_dtype=dtype)
+
+
+def torchsim_model(model: torch.nn.Module) -> Any:
+    """torch-sim's own ``MaceModel`` around ``model``, in its dtype and on its device."""
+    from torch_sim.models.mace import MaceModel
+
+    param = next(model.parameters())
+    return MaceModel(model, device=param.device, dtype=param.dtype)
+
+
 ADAPTER = builtin_adapter(
     "mace",
     requires=("mace", "e3nn"),  # import names, the model package's first
@@ -317,5 +334,7 @@ ADAPTER = builtin_adapter(
         load_model=load_model,
         default_system=default_system,
         native_padding=native_padding,
+        ase_calculator=ase_calculator,
+        torchsim_model=torchsim_model,
     ),
 )

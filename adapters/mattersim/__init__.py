@@ -634,6 +634,27 @@ def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
 default_system = diamond_carbon
 
 
+def ase_calculator(model: torch.nn.Module) -> Any:
+    """mattersim's own ``MatterSimCalculator`` around the potential ``model``, on its device."""
+    from mattersim.forcefield import MatterSimCalculator
+
+    return MatterSimCalculator(potential=model, device=str(next(model.parameters()).device))
+
+
+def torchsim_model(model: torch.nn.Module) -> Any:
+    """torch-sim's own ``MatterSimModel`` around ``model``. torch-sim 0.3.0's
+    calls mattersim's ``batch_to_dict`` without a device, whose default is
+    ``cuda``: on a CPU a ``RuntimeError`` says so instead of failing at its
+    first step."""
+    param = next(model.parameters())
+    if param.device.type != "cuda":
+        raise RuntimeError("torch-sim's MatterSimModel builds its batch on mattersim's default device (cuda) "
+                           "whatever the model's: it runs on a GPU only")
+    from torch_sim.models.mattersim import MatterSimModel
+
+    return MatterSimModel(model, device=param.device, dtype=param.dtype)
+
+
 ADAPTER = builtin_adapter(
     "mattersim",
     requires=("mattersim",),  # import names, the model package's first
@@ -663,5 +684,7 @@ ADAPTER = builtin_adapter(
         random_model=random_model,
         load_model=load_model,
         default_system=default_system,
+        ase_calculator=ase_calculator,
+        torchsim_model=torchsim_model,
     ),
 )

@@ -553,6 +553,22 @@ def load_model(path: str, device: str = "cpu", *, architecture: str | None = Non
 default_system = diamond_carbon
 
 
+def ase_calculator(model: torch.nn.Module) -> Any:
+    """orb's own ``ORBCalculator`` around ``model``, on its device."""
+    from orb_models.forcefield.calculator import ORBCalculator
+
+    return ORBCalculator(model, device=str(next(model.parameters()).device))
+
+
+def torchsim_model(model: torch.nn.Module) -> Any:
+    """torch-sim's own ``OrbModel`` around ``model`` (torch-sim 0.3.0's imports
+    a module orb-models 0.5 does not have: an ``ImportError`` then)."""
+    from torch_sim.models.orb import OrbModel
+
+    param = next(model.parameters())
+    return OrbModel(model, device=param.device, dtype=param.dtype)
+
+
 ADAPTER = builtin_adapter(
     "orb",
     requires=("orb_models",),  # import names, the model package's first
@@ -576,5 +592,7 @@ ADAPTER = builtin_adapter(
         random_model=random_model,
         load_model=load_model,
         default_system=default_system,
+        ase_calculator=ase_calculator,
+        torchsim_model=torchsim_model,
     ),
 )

@@ -444,6 +444,22 @@ def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
 default_system = diamond_carbon
 
 
+def ase_calculator(model: torch.nn.Module) -> Any:
+    """sevenn's own ``SevenNetCalculator`` around ``model``, on its device."""
+    from sevenn.calculator import SevenNetCalculator
+
+    return SevenNetCalculator(model, device=str(next(model.parameters()).device))
+
+
+def torchsim_model(model: torch.nn.Module) -> Any:
+    """torch-sim's own ``SevenNetModel`` around ``model`` (torch-sim 0.3.0's
+    imports a name sevenn 0.13 no longer has: an ``ImportError`` then)."""
+    from torch_sim.models.sevennet import SevenNetModel
+
+    param = next(model.parameters())
+    return SevenNetModel(model, device=param.device, dtype=param.dtype)
+
+
 ADAPTER = builtin_adapter(
     "sevennet",
     requires=("sevenn",),  # import names, the model package's first
@@ -469,5 +485,7 @@ ADAPTER = builtin_adapter(
         random_model_elements=ELEMENTS,
         load_model=load_model,
         default_system=default_system,
+        ase_calculator=ase_calculator,
+        torchsim_model=torchsim_model,
     ),
 )

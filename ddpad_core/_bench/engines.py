@@ -1,0 +1,189 @@
+"""ddpad's MD step inside each engine against the engine's own model
+(``ddpad bench ADAPTER --engines``; ``benchmarks/engine_step.py`` runs one
+engine and system at a time for the benchmarks page).
+
+One process, one model, Langevin dynamics at 600 K and 1 fs from the same
+start. ``one`` is a 64-atom diamond cell (a third of the atoms hydrogen),
+``batch`` four rattled crystals of different sizes (376 atoms) in one state
+(torch-sim only).
+
+- torch-sim: ``torch_sim.nvt_langevin``; ddpad is ``ddpad.torchsim.Model``
+  with its defaults (the state's tensors, the compile store, tight caps),
+  the baseline the package's own torch-sim model
+  (:attr:`ToolHooks.torchsim_model <ddpad.adapters.ToolHooks>`).
+- ASE: ``ase.md.langevin.Langevin``; ddpad is ``ddpad.ase.Calculator`` (the
+  tensor input path) and the same with ``tensor_input=False`` (the
+  adapter's pipeline), the baseline the package's own calculator
+  (:attr:`ToolHooks.ase_calculator <ddpad.adapters.ToolHooks>`).
+
+The baselines get their own copies of the model (the packages' wrappers set
+flags on the model they are given). ddpad compiles into a temporary compile
+store. After a warm-up (the first call's compile, the tight fit and its
+compile) the variants step in alternating blocks, so all see the same load;
+each ratio (variant / baseline) is taken per block.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ENGINES", "ENGINE_NAMES", "SIZES", "Unavailable", "format_engines", "measure", "systems"]
+
+SIZES = {"one": [(2, 2, 2)], "batch": [(2, 2, 2), (3, 2, 2), (3, 3, 2), (3, 3, 1)]}
+TEMPERATURE_K, TIMESTEP_FS = 600.0, 1.0
+ENGINE_NAMES = {"torchsim": "torch-sim (nvt_langevin)", "ase": "ASE (Langevin)"}
+
+Steppers = tuple[dict[str, Callable[[], None]], Any, int, str]
+
+
+class Unavailable(Exception):
+    """An engine or its baseline cannot run here; the message says why."""
+
+
+def systems(kind: str) -> list[Any]:
+    """The structures of ``kind`` (``one`` or ``batch``), rattled."""
+    from ase.build import bulk
+
+    out = []
+    for i, rep in enumerate(SIZES[kind]):
+        atoms = bulk("C", "diamond", a=3.57, cubic=True) * rep
+        atoms.numbers[::3] = 1
+        atoms.rattle(0.05, seed=i)
+        out.append(atoms)
+    return out
+
+
+def _baseline(adapter: Any, model: Any, hook: str, what: str) -> Any:
+    """The package's own ``what`` around a copy of ``model``, from the adapter's tool hook ``hook``."""
+    build = getattr(adapter.tools, hook)
+    if build is None:
+        raise Unavailable(f"the {adapter.name} adapter declares no {what} to compare with (ToolHooks.{hook})")
+    try:
+        return build(copy.deepcopy(model))
+    except (ImportError, RuntimeError) as exc:
+        raise Unavailable(f"the package's own {what} does not run here: {exc}") from exc
+
+
+def _torchsim(adapter: Any, model: Any, kind: str, backend: str, store: str) -> Steppers:
+    """Steppers for torch-sim's loop: ddpad's model and the package's own."""
+    import torch
+
+    try:
+        import torch_sim as ts
+    except ImportError as exc:
+        raise Unavailable(f"torch-sim is not installed ({exc})") from exc
+    from ..torchsim import Model
+
+    own = _baseline(adapter, model, "torchsim_model", "torch-sim model")
+    baseline = f"torch-sim {type(own).__name__}"
+    param = next(model.parameters())
+    device, dtype = param.device, param.dtype
+    start = ts.io.atoms_to_state(systems(kind), device=device, dtype=dtype)
+    kT = torch.tensor(TEMPERATURE_K * 8.617333262e-5, dtype=dtype)
+    dt = torch.tensor(TIMESTEP_FS * 1e-3, dtype=dtype)
+    models = {"ddpad": Model(model, adapter, backend=backend, compile_cache=store), baseline: own}
+    steppers = {}
+    for name, m in models.items():
+        init, update = ts.nvt_langevin(m, dt=dt, kT=kT)
+        box = {"state": init(start.clone(), seed=1)}
+
+        def step(box: dict[str, Any] = box, update: Any = update) -> None:
+            box["state"] = update(box["state"], dt=dt, kT=kT)
+
+        steppers[name] = step
+    return steppers, models["ddpad"].wrapped, int(start.n_atoms), baseline
+
+
+def _ase(adapter: Any, model: Any, kind: str, backend: str, store: str) -> Steppers:
+    """Steppers for ASE's ``Langevin``: ddpad's calculator on both input paths and the package's own."""
+    import numpy as np
+    from ase import units
+    from ase.md.langevin import Langevin
+
+    from ..ase import Calculator
+
+    if kind != "one":
+        raise Unavailable("ASE steps one system")
+    own = _baseline(adapter, model, "ase_calculator", "ASE calculator")
+    baseline = type(own).__name__
+    calculators = {"ddpad": Calculator(model, adapter, backend=backend, compile_cache=store)}
+    if adapter.engine.tensor_input is not None:
+        calculators["ddpad (ASE pipeline)"] = Calculator(model, adapter, backend=backend, compile_cache=store,
+                                                         tensor_input=False)
+    calculators[baseline] = own
+    steppers = {}
+    for name, calc in calculators.items():
+        atoms = systems(kind)[0]
+        atoms.calc = calc
+        dyn = Langevin(atoms, TIMESTEP_FS * units.fs, temperature_K=TEMPERATURE_K, friction=0.02,
+                       rng=np.random.default_rng(1))
+        steppers[name] = lambda dyn=dyn: dyn.run(1)
+    return steppers, calculators["ddpad"].wrapped, len(systems(kind)[0]), baseline
+
+
+ENGINES: dict[str, Callable[..., Steppers]] = {"torchsim": _torchsim, "ase": _ase}
+
+
+def measure(engine: str, kind: str, adapter: Any, model: Any, *, blocks: int = 8, steps: int = 10,
+            backend: str = "inductor", warmup: int = 12) -> dict[str, Any]:
+    """Median step times and per-block ratios of ddpad's variants over the
+    engine's own model (see the module's docstring).
+
+    Raises
+    ------
+    Unavailable
+        The engine or the package's own model for it cannot run here.
+    """
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="ddpad-engine-") as store:
+        steppers, wrapped, atoms, baseline = ENGINES[engine](adapter, model, kind, backend, store)
+        t0 = time.perf_counter()
+        steppers["ddpad"]()  # the first call: compiles
+        first_call = time.perf_counter() - t0
+        for step in steppers.values():
+            for _ in range(warmup):  # the tight fit (call 10) and its compile
+                step()
+        times: dict[str, list[float]] = {name: [] for name in steppers}
+        for _ in range(blocks):
+            for name, step in steppers.items():
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                times[name].append((time.perf_counter() - t0) / steps)
+    variants = {}
+    for name, ts in times.items():
+        ratios = [a / b for a, b in zip(ts, times[baseline])]
+        variants[name] = {"ms": 1e3 * statistics.median(ts), "ratio_median": statistics.median(ratios),
+                          "ratio_min": min(ratios), "ratio_max": max(ratios)}
+    return {
+        "engine": engine, "adapter": adapter.name, "kind": kind, "atoms": atoms, "systems": len(SIZES[kind]),
+        "backend": backend, "threads": torch.get_num_threads(), "blocks": blocks, "steps_per_block": steps,
+        "baseline": baseline, "variants": variants, "ddpad_first_call_s": first_call, "caps": dict(wrapped.caps),
+        "graphs": wrapped.stats.graphs, "growths": len(wrapped.stats.growths),
+        "disagreements": wrapped.stats.disagreements,
+    }
+
+
+def format_engines(rows: list[dict[str, Any]], skipped: list[tuple[str, str, str]] = ()) -> str:
+    """One table: each engine's rows (ddpad's variants and the baseline),
+    then the engines that could not run and why."""
+    lines = [f"{'engine':<26} {'system':<22} {'model':<28} {'ms/step':>8} {'x own':>6} {'range':>11}  graphs"]
+    for row in rows:
+        where = f"{row['atoms']} atoms, {row['systems']} system(s)"
+        for name, v in row["variants"].items():
+            own = name == row["baseline"]
+            spread = "-" if own else f"{v['ratio_min']:.2f}-{v['ratio_max']:.2f}"
+            graphs = "" if own else f"{row['graphs']} ({row['growths']} growth(s))"
+            lines.append(f"{ENGINE_NAMES[row['engine']]:<26} {where:<22} {name:<28} {v['ms']:8.1f} "
+                         f"{v['ratio_median']:6.2f} {spread:>11}  {graphs}")
+    for engine, kind, why in skipped:
+        lines.append(f"{ENGINE_NAMES[engine]:<26} {kind:<22} not measured: {why}")
+    lines.append("x own: a variant's step over the engine's own model's, the median over alternating blocks "
+                 "(range: the lowest and highest block; a block holding a growth's compile is the highest)")
+    return "\n".join(lines)
