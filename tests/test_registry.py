@@ -322,6 +322,4 @@ def test_the_record_splits_into_runtime_engine_and_tool_parts() -> None:
                 engine=new.engine, buld_input=build)
     with pytest.raises(TypeError, match="needs engine=EngineHooks"):
         Adapter(name="bare", make_padder=new.make_padder, energy_key="energy", cutoff=new.cutoff)
-    import dataclasses
-
     assert dataclasses.replace(new, name="again").engine is new.engine  # replace() builds the record again

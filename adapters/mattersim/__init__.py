@@ -458,11 +458,10 @@ def tensor_input(model: torch.nn.Module) -> Any:
         positions = torch.einsum("ni,nij->nj", fractional % 1.0, cells[system])
         wrapped = Structures(positions, structures.numbers, cells, state["pbc"], structures.system)
         graph = state["graph"] = Composition.of(wrapped, state["graph"])  # (the boxed systems periodic)
-        edge_index, unit_shifts, _ = pairs(wrapped, graph)
+        edge_index, unit_shifts, shifts = pairs(wrapped, graph)
         order = torch.sort(edge_index[0], stable=True).indices  # grouped by centre, as the triplets need
         edge_index, unit_shifts = edge_index[:, order], unit_shifts[order]
-        vectors = positions[edge_index[1]] - positions[edge_index[0]] \
-            + torch.einsum("ei,eij->ej", unit_shifts, cells[system[edge_index[0]]])
+        vectors = positions[edge_index[1]] - positions[edge_index[0]] + shifts[order]
         data = _three_body(edge_index, vectors.norm(dim=1) <= three_body, system, composition.n_systems)
         n_atoms, n_bonds = positions.shape[0], edge_index.shape[1]
         data.update(
@@ -491,10 +490,10 @@ def _three_body(edge_index: Tensor, within: Tensor, system: Tensor, n_systems: i
     per_centre = torch.bincount(centre, minlength=system.shape[0])
     group_start = (per_centre.cumsum(0) - per_centre)[centre]  # the centre's first valid bond, in ``valid``
     partners = per_centre[centre] - 1  # the other bonds of its centre
-    first = torch.repeat_interleave(torch.arange(valid.shape[0], device=device), partners)
+    first = torch.repeat_interleave(torch.arange(valid.shape[0], device=device), partners)  # (a read: the count)
+    start = group_start[first]
     offset = torch.arange(first.shape[0], device=device) - (partners.cumsum(0) - partners)[first]
-    own = torch.arange(valid.shape[0], device=device)[first] - group_start[first]
-    second = group_start[first] + offset + (offset >= own).long()  # every other bond of the centre, in order
+    second = start + offset + (offset >= first - start).long()  # every other bond of the centre, in order
     ij, ik = valid[first], valid[second]
     bias = first_bond[bond_system[ij]]
     num_triple_ij = torch.zeros(n_bonds, dtype=torch.long, device=device)

@@ -118,12 +118,12 @@ def _ase(adapter: Any, model: Any, kind: str, backend: str, store: str) -> Stepp
     calculators[baseline] = own
     steppers = {}
     for name, calc in calculators.items():
-        atoms = systems(kind)[0]
+        atoms = systems(kind)[0]  # each its own copy of the same start
         atoms.calc = calc
         dyn = Langevin(atoms, TIMESTEP_FS * units.fs, temperature_K=TEMPERATURE_K, friction=0.02,
                        rng=np.random.default_rng(1))
         steppers[name] = lambda dyn=dyn: dyn.run(1)
-    return steppers, calculators["ddpad"].wrapped, len(systems(kind)[0]), baseline
+    return steppers, calculators["ddpad"].wrapped, len(atoms), baseline
 
 
 ENGINES: dict[str, Callable[..., Steppers]] = {"torchsim": _torchsim, "ase": _ase}
