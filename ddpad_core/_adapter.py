@@ -207,7 +207,10 @@ class Adapter:
         that pads at its own seam (``pad_in_forward``) must compile only the
         part after the seam (the part before it sees unpadded shapes): the
         adapter applies ``compile_fn`` to that part and returns the model to
-        call. Default: the whole model is compiled.
+        call. Under ``compile_mode="aot"`` the same hook puts the part's
+        ahead-of-time packages in its place, so the part must take tensors in
+        dicts, lists and tuples and plain constants (UMA's ``UMACore``).
+        Default: the whole model is compiled.
     evaluate
         Optional ``(model, native_input, *args, **kwargs) -> output``: the
         unpadded eager model, output shaped as the wrapped model's (the

@@ -47,7 +47,7 @@ from ._store import CompileStore, _digest, model_fingerprint
 from ._verify import check, fresh
 from ._weights import Watch, packages_key
 
-__all__ = ["AotRoute", "Refused"]
+__all__ = ["AotRoute", "Refused", "package_form"]
 
 log = logging.getLogger("ddpad")
 
@@ -108,6 +108,11 @@ def _form(one: _Call) -> tuple[Any, ...]:
     """What selects a package: every tensor's dtype, shape and device and the
     call's constants (a tuple: hashed per call, cheaply)."""
     return (*((t.dtype, t.shape, t.device) for t in one.tensors), one.constants)
+
+
+def package_form(padded: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What selects a package for this call (see :func:`_form`)."""
+    return _form(_Call.of(padded, args, kwargs))
 
 
 def _signature(form: tuple[Any, ...]) -> str:
@@ -179,6 +184,9 @@ class AotRoute:
         self.refused: dict[tuple[Any, ...], str] = {}  # call form -> why
         self.weights_bound: set[tuple[Any, ...]] = set()  # ... refused for its package's numbers: these weights only
         self.waiting: set[tuple[Any, ...]] = set()  # forms whose package another process builds
+        # Inductor options of the builds (none: benchmarks/aot_options.py measured none that pays on a CPU;
+        # not part of the store's key: set only where packages go to a store of their own)
+        self.inductor_options: dict[str, Any] = {}
 
     def _key(self) -> str:
         """The model's key (its store key, or without a store its
@@ -360,11 +368,16 @@ class AotRoute:
             with quiet_warnings():  # torch's own deprecations, raised as export copies tree specs
                 exported = torch.export.export(gm, inputs, strict=False)
                 phases.append(time.perf_counter())
-                metadata = {_ENTRY: entry, "ddpad.form": repr(_form(one))[:4000]}
+                configs: dict[str, Any] = {**self.inductor_options,
+                                           "aot_inductor.metadata": {_ENTRY: entry,
+                                                                     "ddpad.form": repr(_form(one))[:4000]}}
+                if _scalar_constants(gm):
+                    # Inductor inlines a 0-dim tensor constant as a number, which some of its lowerings
+                    # cannot take (embedding, view: fairchem's DatasetEmbedding indexes with torch.tensor(0))
+                    configs["always_keep_tensor_constants"] = True
                 with tempfile.TemporaryDirectory(prefix="ddpad-aot-") as tmp:
                     built = torch._inductor.aoti_compile_and_package(
-                        exported, package_path=os.path.join(tmp, "step.pt2"),
-                        inductor_configs={"aot_inductor.metadata": metadata})
+                        exported, package_path=os.path.join(tmp, "step.pt2"), inductor_configs=configs)
                     blob = _read(built)
         except Exception as exc:  # noqa: BLE001 - an op the exporter or AOTInductor refuses
             raise Refused(f"exporting or compiling the step failed ({type(exc).__name__}: {_first_line(exc)})") from exc
@@ -379,6 +392,19 @@ class AotRoute:
         log.info("built an ahead-of-time package in %.1f s (trace %.1f s, export %.1f s, AOTInductor %.1f s; "
                  "%d bytes)", phases[-1] - t0, *(b - a for a, b in zip(phases, phases[1:])), len(blob))
         return _Package(runner, out_spec, path if saved else None)
+
+
+def _scalar_constants(gm: torch.fx.GraphModule) -> bool:
+    """Whether the traced step holds a 0-dim tensor constant (one the traced
+    code made with ``torch.tensor(number)``)."""
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value: Any = gm
+            for name in str(node.target).split("."):
+                value = getattr(value, name, None)
+            if isinstance(value, torch.Tensor) and value.dim() == 0:
+                return True
+    return False
 
 
 def _load_package(blob: bytes, entry: str) -> Callable[..., Any]:

@@ -301,12 +301,25 @@ def expected_key(owner: _Owner, store_root: pathlib.Path, compile_kwargs: Mappin
     adapter = owner.adapter
     dynamo_config = adapter.dynamo_config if adapter is not None else {}
     if options.get("compile_mode") == "aot":
-        _, key = aot_binding(owner.model, CompileStore(store_root), adapter, dynamo_config)
-        return packages_key(key, owner.model)
+        packaged = _packaged(owner.model, adapter)
+        _, key = aot_binding(packaged, CompileStore(store_root), adapter, dynamo_config)
+        return packages_key(key, packaged)
     if not storable(compile_kwargs.get("backend", "inductor")):
         return None
     binding = bind_store(owner.model, store_root, adapter, dynamo_config, **compile_kwargs)
     return binding.model_key if binding is not None else None
+
+
+def _packaged(model: torch.nn.Module, adapter: Any) -> torch.nn.Module:
+    """What a package of ``model`` is built of: the model, or for a model
+    padding at its own seam the part after it that its adapter's compile
+    region names (found by handing the region the part itself: the model is
+    left as it is)."""
+    if adapter is None or not adapter.pad_in_forward or adapter.compile_region is None:
+        return model
+    parts: list[torch.nn.Module] = []
+    adapter.compile_region(model, lambda part: parts.append(part) or part)
+    return parts[0] if parts else model
 
 
 def launch(spec: pathlib.Path) -> tuple[subprocess.Popen[bytes], pathlib.Path]:

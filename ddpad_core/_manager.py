@@ -27,9 +27,10 @@ import torch
 from ._aot import AotRoute
 from ._background import PACKAGE_BUILD, Background, PackageBuilds
 from ._capacity import CapResolution, TightCaps
+from ._compile import compile_model
 from ._ladder import Ladder
 from ._options import WrapOptions
-from ._routes import CompiledRoute, EagerRoute, Key, PackageRoute, Route, Step
+from ._routes import CompiledRoute, EagerRoute, Key, PackageRoute, RegionPackages, Route, SeamPackageRoute, Step
 from ._stats import Stats
 from ._store import CompileStore, StoreBinding, aot_binding, bind_store
 from ._verify import FirstUse
@@ -108,8 +109,13 @@ class CompileManager:
             self.background = Background(owner, self.ladder, root, float(opts.background_compile),
                                          opts.background_workers, opts.compile_kwargs, self.sizer,
                                          options=PACKAGE_BUILD if opts.compile_mode == "aot" else None)
-        if opts.compile_mode == "aot":
-            self.aot = _packages(model, call, dynamo_config, self.stats, opts, adapter, seam)
+        seam_packages = self._seam_packages(model, call, dynamo_config, compile_region, opts, adapter) \
+            if opts.compile_mode == "aot" and seam else None
+        if seam_packages is not None:
+            self.route = seam_packages
+            return
+        if opts.compile_mode == "aot" and not seam:
+            self.aot = _packages(model, call, dynamo_config, self.stats, opts, adapter)
         compiled = CompiledRoute(model, call, dynamo_config, self.stats, region=compile_region,
                                  compile_kwargs=opts.compile_kwargs, binding=self.store_binding, checks=self.checks,
                                  seam=seam, lazy=self.aot is not None)
@@ -121,6 +127,31 @@ class CompileManager:
                                                     self.stats)
                 elsewhere = self._built_elsewhere
             self.route = PackageRoute(self.aot, compiled, elsewhere)
+
+    def _seam_packages(self, model: torch.nn.Module, call: Callable[..., Any] | None,
+                       dynamo_config: Mapping[str, Any], region: Callable[..., Any] | None, opts: WrapOptions,
+                       adapter: Adapter | None) -> Route | None:
+        """The package route of a model padding at its own seam: its compile
+        region's packages (:class:`~ddpad._routes.SeamPackageRoute`), built
+        in this process; None (said once: ``torch.compile``) without a region."""
+        if region is None:
+            log.warning("ddpad: compile_mode='aot' falls back to torch.compile: this model pads at its own seam "
+                        "inside its forward and its adapter names no compile region (the part after the seam "
+                        "that a package is built of)")
+            return None
+        if opts.aot_build == "background":
+            log.warning("ddpad: aot_build='background' is not taken by a model padding at its own seam: its "
+                        "packages are built in this process, on the first call at new caps")
+        stats, binding, checks = self.stats, self.store_binding, self.checks
+
+        def parts(part: torch.nn.Module) -> RegionPackages:
+            return RegionPackages(part, _packages(part, None, dynamo_config, stats, opts, adapter),
+                                  lambda: compile_model(part, stats, None, binding, **opts.compile_kwargs),
+                                  dynamo_config, checks)
+
+        route = SeamPackageRoute(model, call, region=region, parts=parts)
+        self.aot = route.parts[0].packages if route.parts else None
+        return route
 
     # -- the call path's side -----------------------------------------------------
 
@@ -226,12 +257,9 @@ def _builds_elsewhere(opts: WrapOptions, adapter: Adapter | None) -> bool:
 
 
 def _packages(model: torch.nn.Module, call: Callable[..., Any] | None, dynamo_config: Mapping[str, Any],
-              stats: Stats, opts: WrapOptions, adapter: Adapter | None, seam: bool) -> AotRoute | None:
-    """The ahead-of-time packages, or None (said once) where the route cannot be taken."""
-    if seam:
-        log.warning("ddpad: compile_mode='aot' falls back to torch.compile: this model pads at its own seam "
-                    "inside its forward, and a package needs the padded input from outside")
-        return None
+              stats: Stats, opts: WrapOptions, adapter: Adapter | None) -> AotRoute:
+    """The ahead-of-time packages of ``model`` (a whole step, or the part
+    after a model's own seam), keyed in the store when one is given."""
     store = None
     model_key: Callable[[], str] | None = None
     if opts.compile_cache is not None:

@@ -12,6 +12,13 @@ step which one answered (:attr:`Step.route`), which the compile manager
 (:mod:`._manager`) records per key. A route wrapping another (a CUDA graph
 replaying a package) is one more :class:`Route` with the package as its
 fallback: the call path does not change.
+
+A model that pads at its own seam inside its forward (UMA) takes packages
+through :class:`SeamPackageRoute`: the part after the seam (the adapter's
+compile region) is replaced, inside ddpad's own wrapper of the model, by a
+:class:`RegionPackages` that runs it as one package per padded shape, the
+same :class:`~ddpad._aot.AotRoute` a whole step's package uses; what comes
+before the seam (the model's graph generation) stays eager.
 """
 
 from __future__ import annotations
@@ -21,14 +28,14 @@ from typing import Any, Protocol
 
 import torch
 
-from ._aot import AotRoute
+from ._aot import AotRoute, package_form
 from ._compile import compile_model, run_step
 from ._stats import Stats
 from ._store import StoreBinding
 from ._strict import call_form
 from ._verify import FirstUse
 
-__all__ = ["CompiledRoute", "EagerRoute", "PackageRoute", "Route", "Step"]
+__all__ = ["CompiledRoute", "EagerRoute", "PackageRoute", "RegionPackages", "Route", "SeamPackageRoute", "Step"]
 
 Key = tuple[Any, ...]  # (call form, caps as items)
 
@@ -206,3 +213,101 @@ class PackageRoute:
 
     def close(self) -> None:
         self.fallback.close()
+
+
+class RegionPackages(torch.nn.Module):
+    """The part of a model after its own seam, run as ahead-of-time packages
+    (one per padded shape and call form, :class:`~ddpad._aot.AotRoute`); a
+    call the packages cannot take runs ``torch.compile`` of the part
+    (compiled on first need, its first call per shape checked against the
+    part's eager step: ``checks``). The part must take tensors in dicts,
+    lists and tuples, and plain constants (the package's inputs and key).
+
+    A module (it takes the part's place inside the model); which route
+    answered its last call is :attr:`answered`.
+    """
+
+    def __init__(self, part: torch.nn.Module, packages: AotRoute, compile_part: Callable[[], Callable[..., Any]],
+                 dynamo_config: Mapping[str, Any], checks: FirstUse | None) -> None:
+        super().__init__()
+        # (named as torch.compile's wrapper names the module it wraps: a state dict's keys read the same way)
+        self._orig_mod = part
+        self._packages, self._compile_part, self._checks = packages, compile_part, checks
+        self._dynamo_config = dict(dynamo_config)
+        self._compiled: Callable[..., Any] | None = None  # (imports Dynamo: only once a call needs it)
+        self._answered = ""
+
+    @property
+    def answered(self) -> str:
+        """The route that answered the last call: ``package``, ``torch.compile`` or ``eager``."""
+        return self._answered
+
+    @property
+    def part(self) -> torch.nn.Module:
+        """The part of the model these packages run."""
+        return self._orig_mod
+
+    @property
+    def packages(self) -> AotRoute:
+        """The part's packages."""
+        return self._packages
+
+    def forward(self, padded: Any, *args: Any, **kwargs: Any) -> Any:
+        self._answered = ""
+        out = self._packages.run(padded, args, kwargs, padded, lambda: self._fallback(padded, args, kwargs))
+        if not self._answered:  # the package answered (or, on its first call, its check's eager step did)
+            self._answered = PackageRoute.name
+        return out
+
+    def _fallback(self, padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``torch.compile`` of the part, checked on each shape's first call."""
+        compiled = self._compiled
+        if compiled is None:
+            compiled = self._compiled = self._compile_part()
+        checks = self._checks
+        if checks is None:
+            self._answered = CompiledRoute.name
+            return run_step(compiled, None, self._dynamo_config, padded, args, kwargs)
+        key = package_form(padded, args, kwargs)
+        out = checks.run(key, padded, lambda d: run_step(compiled, None, self._dynamo_config, d, args, kwargs),
+                         lambda d, again: self.part(d, *args, **kwargs))
+        self._answered = EagerRoute.name if checks.eager_only or key in checks.eager else CompiledRoute.name
+        return out
+
+
+class SeamPackageRoute:
+    """Packages for a model that pads at its own seam (see the module's
+    docstring): the model runs eager up to the seam, and its compile region
+    (``region``, the adapter's hook, given a function that makes each part's
+    :class:`RegionPackages`) runs as packages after it. The step's route is
+    the one its parts answered on (the least compiled of them)."""
+
+    name = "package"
+
+    def __init__(self, model: torch.nn.Module, call: Callable[..., Any] | None, *,
+                 region: Callable[..., Any], parts: Callable[[torch.nn.Module], RegionPackages]) -> None:
+        self.model, self.call = model, call
+        self.parts: list[RegionPackages] = []
+
+        def packaged(part: torch.nn.Module) -> RegionPackages:
+            one = parts(part)
+            self.parts.append(one)
+            return one
+
+        region(model, packaged)  # (replaces the part inside ddpad's own wrapper of the model, in place)
+
+    def run(self, step: Step) -> Any:
+        # no Dynamo flags here: only a part's torch.compile fallback reads them (and sets them itself)
+        out = run_step(self.model, self.call, {}, step.padded, step.args, step.kwargs)
+        answered = {part.answered for part in self.parts} - {""}
+        for route in (EagerRoute.name, CompiledRoute.name, self.name):
+            if route in answered:
+                step.route = route
+                break
+        else:
+            step.route = EagerRoute.name  # (no part ran)
+        step.compiled = step.route != EagerRoute.name
+        return out
+
+    def close(self) -> None:
+        pass

@@ -221,7 +221,7 @@ def test_ddpad_run_aot_builds_then_loads(tmp_path: pathlib.Path) -> None:
     loads its one package, building nothing and compiling no graph."""
     import json
 
-    from test_cli import ddpad as cli
+    from _cli import ddpad as cli
 
     runs = []
     for name in ("first.json", "second.json"):
@@ -379,7 +379,7 @@ def test_ddpad_precompile_aot_then_run_loads(tmp_path: pathlib.Path) -> None:
     and loads it, building and compiling nothing."""
     import json
 
-    from test_cli import ddpad as cli
+    from _cli import ddpad as cli
 
     pre = cli("precompile", "toy", "--aot", "--ladder", "0", cwd=tmp_path)
     assert pre.returncode == 0, pre.stderr
@@ -521,3 +521,62 @@ def test_steady_table_times_the_package_beside_torch_compile_at_the_same_caps() 
     assert rows["package"]["route"] == "package"
     assert rows["package"]["caps"] == rows["tight"]["caps"]
     assert "package" in format_steady(result)
+
+
+class _Indexed(toy.Morse):
+    """The toy with a one-row embedding indexed by ``torch.tensor(0)`` made in
+    its forward, as fairchem's ``DatasetEmbedding`` does (UMA): a 0-dim
+    tensor constant in the traced step."""
+
+    def __init__(self) -> None:
+        super().__init__(3.0)
+        self.offset = torch.nn.Embedding(1, 1, dtype=torch.float64)
+        with torch.no_grad():
+            self.offset.weight.fill_(0.25)
+
+    def forward(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = super().forward(data)
+        return dict(out, energy=out["energy"] + self.offset(torch.tensor(0)).squeeze())
+
+
+def test_a_step_indexing_with_a_scalar_tensor_constant_takes_the_package(store: pathlib.Path) -> None:
+    """Inductor inlines a 0-dim tensor constant as a number, which its
+    embedding lowering cannot take: the build failed ("LoweringException:
+    AssertionError") and UMA's step fell back to torch.compile. Such a step
+    is built keeping its tensor constants as buffers."""
+    model = _Indexed()
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=store, cap_policy="headroom",
+                         aot_build="foreground")
+    for data in _frames(model, 3):
+        _same(wrapped(data), model({k: v.clone() for k, v in data.items()}))
+    s = wrapped.stats
+    assert (s.aot_refused, s.aot_compiled + s.aot_loaded, s.aot_checked, s.graphs) == (0, 1, 1, 0), wrapped.manager.refused
+
+
+def test_a_model_padding_at_its_own_seam_takes_packages_of_the_part_after_it(tmp_path: pathlib.Path) -> None:
+    """A model that pads inside its forward (UMA) runs eager up to its seam
+    and its compile region as one package per padded shape (before: the
+    whole model fell back to torch.compile, "a package needs the padded input
+    from outside"); exact against the unpadded model, no Dynamo, and a
+    second model of the same weights loads the package."""
+    from _mpnn import trajectory
+    from test_runtime import SeamModel, assert_same, compile_core, padder
+
+    steps = trajectory(4, (2, 2), seed=3)
+    sizing = ddpad.PaddedModel(SeamModel(), padder(), pad_in_forward=True, compile=False, cap_policy="headroom")
+    for data in steps:
+        sizing(data)
+    common: dict[str, Any] = dict(pad_in_forward=True, compile_region=compile_core, compile_mode="aot",
+                                  compile_cache=tmp_path, caps=sizing.caps, cap_policy="headroom")
+    runs = []
+    for _ in range(2):
+        model = SeamModel()
+        reference = model.core  # (outside a ddpad context its seam pads nothing: the unpadded model)
+        wrapped = ddpad.PaddedModel(model, padder(), **common)
+        for data in steps:
+            assert_same(wrapped(data), reference({k: v.clone() for k, v in data.items()}))
+        runs.append(wrapped.stats)
+    built, loaded = runs
+    assert (built.aot_compiled, built.aot_loaded, built.aot_checked, built.aot_refused) == (1, 0, 1, 0)
+    assert (loaded.aot_compiled, loaded.aot_loaded, loaded.aot_checked, loaded.aot_refused) == (0, 1, 1, 0)
+    assert built.graphs == loaded.graphs == 0  # no Dynamo on the call path

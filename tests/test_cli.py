@@ -17,18 +17,8 @@ import pytest
 pytest.importorskip("ase")
 pytest.importorskip("ddpad_toy_plugin", reason="tests/plugin_pkg not installed (nox session core installs it)")
 
+from _cli import ddpad
 from ddpad import cli
-
-
-def ddpad(*args: str, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m ddpad ARGS`` as a user runs it (warnings not hidden),
-    with the user cache folder inside ``cwd`` if given (else the test
-    session's, see conftest.py)."""
-    env = dict(os.environ)
-    if cwd is not None:
-        env["XDG_CACHE_HOME"] = str(cwd / "cache")
-    return subprocess.run([sys.executable, "-m", "ddpad", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=600, check=False)
 
 
 def errors(res: subprocess.CompletedProcess[str]) -> list[str]:

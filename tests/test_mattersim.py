@@ -342,22 +342,10 @@ def test_precompile_aot_then_a_fresh_run_loads_and_checks_the_package(tmp_path: 
     a data-dependent size, and the model did not pickle for the worker), and
     a fresh ``ddpad run mattersim --aot`` loads it, checks its first call
     against the eager step and compiles nothing."""
-    import json
+    from _cli import check_precompiled_run
 
-    from test_cli import ddpad as cli
-
-    pre = cli("precompile", "mattersim", "--aot", "--ladder", "0", cwd=tmp_path)
-    assert pre.returncode == 0, pre.stdout + pre.stderr
-    assert "1 package(s) in" in pre.stdout
-    res = cli("run", "mattersim", "--aot", "--steps", "3", "--json", "run.json", cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    run = json.loads((tmp_path / "run.json").read_text())
-    assert (run["aot_loaded"], run["aot_compiled"], run["aot_checked"], run["aot_refused"]) == (1, 0, 1, 0)
-    assert (run["graphs"], run["checks"], run["disagreements"]) == (0, 1, 0)
     # a package load (0.03 s) and its eager check (2 s: 131k triplets): room for a busy machine
-    assert run["first_call_seconds"] < 10.0
-    assert "checked against the eager step: 1 compiled graph(s) on their first call, 0 disagreed" in res.stdout
-    assert not list((tmp_path / "cache").rglob("*.lock"))
+    check_precompiled_run("mattersim", tmp_path, first_call_limit=10.0)
 
 
 @pytest.mark.slow

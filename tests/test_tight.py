@@ -368,7 +368,7 @@ def test_a_tight_precompile_is_where_the_next_run_starts(tmp_path: pathlib.Path)
     """``ddpad precompile`` fits on its one call and writes the caps where
     ``ddpad run`` of that model on that system looks; the run starts from
     them, fitted: no window, no fit, no growth on a static start."""
-    from test_cli import ddpad as cli
+    from _cli import ddpad as cli
 
     store = str(tmp_path / "store")
     pre = cli("precompile", "toy", "--backend", "aot_eager", "--ladder", "1", "--compile-cache", store, cwd=tmp_path)

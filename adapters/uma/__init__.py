@@ -7,7 +7,11 @@ instance in :class:`PaddedUMA`, whose ``forward`` runs fairchem's own
 ``current_dd_context().maybe_pad_graph(...)`` (SPEC sections 6-7), then
 calls the compiled model on the padded graph (a copy with
 ``otf_graph=False``, which takes a supplied graph). Only the part after the
-seam is compiled, so it always sees the same shapes. No fairchem class is
+seam is compiled, so it always sees the same shapes. That part
+(:class:`UMACore`) takes the padded graph as a dict of tensors and the task
+names, and makes fairchem's ``AtomicData`` batch itself, so that under
+``compile_mode="aot"`` it is what an ahead-of-time package is built of
+(graph generation stays eager, before the seam). No fairchem class is
 patched; the user's model is not modified.
 
 Dead atoms form their own dead system with an anchor pair (``extra=2``)
@@ -37,7 +41,7 @@ from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter
 from torch import Tensor
 
-__all__ = ["ADAPTER", "PaddedUMA", "build_input", "make_padder", "prepare_model", "tensor_input"]
+__all__ = ["ADAPTER", "PaddedUMA", "UMACore", "build_input", "make_padder", "prepare_model", "tensor_input"]
 
 ATOM_FIELDS = {"atomic_numbers": 0, "fixed": 0, "tags": 0}
 SYSTEM_FIELDS: dict[str, Any] = {"cell": Fill.DEAD_CELL, "pbc": False, "charge": Fill.LAST_REAL, "spin": Fill.LAST_REAL}
@@ -52,7 +56,7 @@ EDGES_POLICY = CapPolicy(initial_factor=1.15, grow_factor=1.15, stride=1024)
 
 
 def _backbone(model: torch.nn.Module) -> Any:
-    return model.backbone if hasattr(model, "backbone") else model.core.backbone
+    return model.backbone if hasattr(model, "backbone") else model.core.model.backbone
 
 
 def _cutoff(model: torch.nn.Module) -> float:
@@ -72,11 +76,47 @@ def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
     return COOPadder(_cutoff(model), **config)
 
 
+# what AtomicData.__init__ sets besides its fields (its batching bookkeeping, unused by the model)
+_BATCH_SLOTS = ("__slices__", "__cumsum__", "__cat_dims__", "__natoms_list__")
+
+
+class UMACore(torch.nn.Module):
+    """What comes after the seam: fairchem's model (a copy taking a supplied
+    graph) on the padded graph, given as a dict of tensors and the task name
+    of each system.
+
+    The ``AtomicData`` batch is made here without its constructor's
+    ``validate()`` (which reads sizes from tensors: a trace at fixed caps
+    cannot take it; the padded graph is checked where it is made), so that
+    the whole part is a function of tensors and constants: what
+    ``torch.compile`` and an ahead-of-time package take alike.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, graph: dict[str, Tensor], dataset: list[str] | None) -> Any:
+        from fairchem.core.datasets.atomic_data import AtomicData
+
+        batch = AtomicData.__new__(AtomicData)
+        object.__setattr__(batch, "__keys__", set())
+        for name in _BATCH_SLOTS:
+            object.__setattr__(batch, name, None)
+        for name, value in graph.items():
+            setattr(batch, name, value)
+        if dataset is not None:
+            batch.dataset = dataset
+        batch.sid = [""] * graph["natoms"].shape[0]
+        return self.model(batch)
+
+
 class PaddedUMA(torch.nn.Module):
     """A UMA model that pads its graph at the seam after graph generation.
 
-    ``core`` (compiled by ``ddpad.wrap``) is a copy of the model that takes a
-    supplied graph. Outside a ddpad context nothing is padded: the module
+    ``core`` (compiled by ``ddpad.wrap``, or its packages under
+    ``compile_mode="aot"``) is a :class:`UMACore` around a copy of the model
+    that takes a supplied graph. Outside a ddpad context nothing is padded: the module
     then equals the original model.
     """
 
@@ -96,7 +136,7 @@ class PaddedUMA(torch.nn.Module):
         param = next(core.parameters())
         if hasattr(core, "device"):
             core.device = param.device.type
-        self.core = core
+        self.core = UMACore(core)
 
     def _graph(self, data: Any) -> dict[str, Tensor]:
         """The graph fields of ``data``, built by fairchem when the model builds its own."""
@@ -113,8 +153,6 @@ class PaddedUMA(torch.nn.Module):
         return fields
 
     def forward(self, data: Any) -> dict[str, Any]:
-        from fairchem.core.datasets.atomic_data import AtomicData
-
         fields = self._graph(data)
         n_sys = fields["natoms"].shape[0]
         padded = current_dd_context().maybe_pad_graph(fields)  # the seam
@@ -122,8 +160,9 @@ class PaddedUMA(torch.nn.Module):
         dataset = list(data.dataset) if hasattr(data, "dataset") else None
         if dataset is not None:  # the dead systems share the last real system's task
             dataset = dataset + [dataset[-1]] * (s_cap - n_sys)
-        batch = AtomicData(**padded, dataset=dataset, sid=[""] * s_cap)
-        return self.core(batch)
+        graph = dict(padded)
+        graph["cell"] = graph["cell"].to(graph["pos"].dtype)  # (as AtomicData's constructor does)
+        return self.core(graph, dataset)
 
 
 def prepare_model(model: torch.nn.Module) -> torch.nn.Module:

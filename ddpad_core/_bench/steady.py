@@ -85,7 +85,10 @@ def _steady_table(adapter: Any, model: torch.nn.Module, structures: list[Any], *
         variants["package"] = tight
         packaged = wrap(model, adapter, backend="inductor", caps=tight, cap_policy="headroom", on_recompile="ignore",
                         compile_mode="aot", compile_cache=package, aot_build="foreground")
-        steps["package"] = lambda: packaged(target, **kwargs)
+        # its own copy of the frame: the unpadded models mark the shared one's positions as requiring grad
+        # (fairchem and mace set it in place), which a package refuses (the caller would differentiate)
+        own = build(structures[-1])
+        steps["package"] = lambda: packaged(own, **kwargs)
         padded_models["package"] = packaged
     for name, step in steps.items():  # compile (and a first steady call) before any timing
         if on_variant is not None:
@@ -109,7 +112,7 @@ def _steady_table(adapter: Any, model: torch.nn.Module, structures: list[Any], *
             for name in steps}
     if package is not None:
         packaged = padded_models["package"]
-        refused = packaged.manager.refused if packaged.manager.aot is not None else {(): "the model pads inside its forward"}
+        refused = packaged.manager.refused if packaged.manager.aot is not None else {(): "no package route"}
         rows["package"]["route"] = "; ".join(refused.values()) or "package"
     return {"adapter": adapter.name, "device": str(device), "backend": backend, "threads": torch.get_num_threads(),
             "atoms": [len(s) for s in structures], "calls": rounds * calls, "variants": rows}
