@@ -122,8 +122,17 @@ def _signature(form: tuple[Any, ...]) -> str:
 
 def _differentiable(data: Any) -> bool:
     """Whether the caller's own input asks for a graph back (a tensor that
-    requires grad: the caller differentiates what the model returns)."""
-    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in pytree.tree_leaves(data))
+    requires grad: the caller differentiates what the model returns),
+    tensors held by a plain object's attributes included (fairchem's
+    ``AtomicData`` is no pytree)."""
+    for leaf in pytree.tree_leaves(data):
+        if isinstance(leaf, torch.Tensor):
+            if leaf.requires_grad:
+                return True
+        elif hasattr(leaf, "__dict__") and any(isinstance(v, torch.Tensor) and v.requires_grad
+                                               for v in vars(leaf).values()):
+            return True
+    return False
 
 
 class _ModuleState:
@@ -184,6 +193,7 @@ class AotRoute:
         self.refused: dict[tuple[Any, ...], str] = {}  # call form -> why
         self.weights_bound: set[tuple[Any, ...]] = set()  # ... refused for its package's numbers: these weights only
         self.waiting: set[tuple[Any, ...]] = set()  # forms whose package another process builds
+        self.differentiated: set[tuple[Any, ...]] = set()  # forms a differentiating caller called (said once)
         # Inductor options of the builds (none: benchmarks/aot_options.py measured none that pays on a CPU;
         # not part of the store's key: set only where packages go to a store of their own)
         self.inductor_options: dict[str, Any] = {}
@@ -207,6 +217,9 @@ class AotRoute:
             self._rebind(changed)
         one = _Call.of(padded, args, kwargs)
         key = _form(one)
+        if _differentiable(data):  # every call, built or not: a package returns plain tensors
+            self._differentiated(one.constants)
+            return fallback()
         package = self.packages.get(key)
         if package is not None:
             return package(one.tensors)
@@ -214,9 +227,6 @@ class AotRoute:
         if form in self.refused:
             return fallback()
         try:
-            if _differentiable(data):
-                raise Refused("the caller differentiates the returned outputs (an input requires grad); "
-                              "a package returns plain tensors")
             signature = _signature(key)
             path = self.store.entry(self.key, f"aot-{signature}") if self.store is not None else None
             if path is not None:
@@ -273,6 +283,17 @@ class AotRoute:
         log.warning("ddpad: the model changed since its ahead-of-time packages were built (%s): the packages of "
                     "the model as it now is are %s", why,
                     "loaded from the store or built" if self.store is not None else "built")
+
+    def _differentiated(self, form: tuple[Any, ...]) -> None:
+        """A caller who differentiates the outputs: this call runs the
+        fallback (said and counted once per call form); the form's package
+        still serves the calls that do not."""
+        if form in self.differentiated:
+            return
+        self.differentiated.add(form)
+        self.stats.aot_refused += 1
+        log.warning("ddpad: compile_mode='aot' falls back to torch.compile for the calls whose caller "
+                    "differentiates the returned outputs (an input requires grad): a package returns plain tensors")
 
     def _refuse(self, form: tuple[Any, ...], reason: str, said: bool = False) -> None:
         self.refused[form] = reason

@@ -16,6 +16,7 @@ import contextvars
 import logging
 import math
 import operator
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -292,14 +293,13 @@ class Row(NamedTuple):
     policy: CapPolicy
 
 
-# the public blocks (record_resolutions, cap_ceilings) for callers that resolve caps with a plain
-# dict; a wrapped model's call hands its scope over on the caps themselves (ScopedCaps)
+# the deprecated public blocks (record_resolutions, cap_ceilings) for callers that resolve caps with a
+# plain dict (one release more); caps with a scope (ScopedCaps: every wrapped model's call) never read them
 _RESOLUTIONS: contextvars.ContextVar[Callable[[list[Row]], None] | None] = contextvars.ContextVar(
     "ddpad_resolutions", default=None
 )
-_CEILINGS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar(
-    "ddpad_ceilings", default=MappingProxyType({})
-)
+_NO_CEILINGS: Mapping[str, int] = MappingProxyType({})
+_CEILINGS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar("ddpad_ceilings", default=_NO_CEILINGS)
 
 
 def checked_ceilings(ceilings: Mapping[str, int] | None) -> Mapping[str, int]:
@@ -310,10 +310,21 @@ def checked_ceilings(ceilings: Mapping[str, int] | None) -> Mapping[str, int]:
     return MappingProxyType(dict(ceilings or {}))
 
 
+_BLOCKS_DEPRECATED = ("ddpad.{name} is deprecated and goes in the next release: it is ambient state, which "
+                      "a wrapped model's call no longer reads. Resolve on caps that carry their scope instead: "
+                      "scope = ddpad.CapScope(ceilings); resolve_caps(ddpad.ScopedCaps(state, scope), ...); "
+                      "then scope.resolutions")
+
+
 @contextlib.contextmanager
 def cap_ceilings(ceilings: Mapping[str, int] | None) -> Iterator[None]:
-    """Per-key cap ceilings for every resolution inside the block (on top of
-    each policy's ``max_cap``; the smaller wins)."""
+    """Per-key cap ceilings for every resolution of a plain dict inside the
+    block (on top of each policy's ``max_cap``; the smaller wins).
+
+    .. deprecated::
+        Pass ``ScopedCaps(state, CapScope(ceilings))`` to :func:`resolve_caps`.
+    """
+    warnings.warn(_BLOCKS_DEPRECATED.format(name="cap_ceilings"), DeprecationWarning, stacklevel=3)
     token = _CEILINGS.set(checked_ceilings(ceilings))
     try:
         yield
@@ -323,8 +334,14 @@ def cap_ceilings(ceilings: Mapping[str, int] | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def record_resolutions() -> Iterator[list[CapResolution]]:
-    """Collect every :class:`CapResolution` made inside the block (growths,
-    fills) into the yielded list. Nested blocks each see their own list."""
+    """Collect every :class:`CapResolution` of a plain dict made inside the
+    block (growths, fills) into the yielded list. Nested blocks each see
+    their own list.
+
+    .. deprecated::
+        Read :attr:`CapScope.resolutions` of the scope the caps carry.
+    """
+    warnings.warn(_BLOCKS_DEPRECATED.format(name="record_resolutions"), DeprecationWarning, stacklevel=3)
     sink: list[CapResolution] = []
     token = _RESOLUTIONS.set(lambda rows: sink.extend(CapResolution(*row) for row in rows))
     try:
@@ -345,8 +362,7 @@ class CapScope:
     ----------
     ceilings
         Per-key cap ceilings (validated: :func:`checked_ceilings`), on top of
-        each policy's ``max_cap``; None or empty: those of an enclosing
-        :func:`cap_ceilings` block, if any.
+        each policy's ``max_cap``; None or empty: none.
     rungs
         Caps whose graphs are ready (warmed, or compiling in a background
         worker): a growth takes the smallest that fits every need instead of
@@ -369,6 +385,11 @@ class CapScope:
         self.rungs = rungs
         self.sizer = sizer
         self.rows: list[Row] = []
+
+    @property
+    def resolutions(self) -> list[CapResolution]:
+        """Every key resolved in the scope, as public records, in order."""
+        return resolutions(self.rows)
 
 
 class ScopedCaps(dict[str, int]):
@@ -405,8 +426,9 @@ def resolve_caps(
         The caller's caps, updated in place (grow-only) once every key
         resolved. A :class:`ScopedCaps` (what a wrapped model's call hands its
         padder) resolves under its scope's ceilings, ready rungs and tight
-        sizing, and records its rows there; a plain dict under an enclosing
-        :func:`cap_ceilings` and :func:`record_resolutions`, if any.
+        sizing, and records its rows there (nothing ambient); a plain dict
+        under the deprecated :func:`cap_ceilings` and
+        :func:`record_resolutions` blocks, if any.
     requests
         ``{key: (real_count, policy)}``.
 
@@ -426,7 +448,7 @@ def resolve_caps(
     if scope is None:
         ceilings, rungs, sizer = _CEILINGS.get(), (), None
     else:
-        ceilings, rungs, sizer = scope.ceilings or _CEILINGS.get(), scope.rungs, scope.sizer
+        ceilings, rungs, sizer = scope.ceilings or _NO_CEILINGS, scope.rungs, scope.sizer
     steady = agreement is None and (sizer is None or not sizer.due)  # (a due fit takes the general path)
     rows = _steady(state, requests, ceilings) if steady else None
     if rows is None:

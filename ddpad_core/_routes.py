@@ -236,11 +236,18 @@ class RegionPackages(torch.nn.Module):
         self._dynamo_config = dict(dynamo_config)
         self._compiled: Callable[..., Any] | None = None  # (imports Dynamo: only once a call needs it)
         self._answered = ""
+        self._source: Any = None  # the caller's own input (whether the caller differentiates the outputs)
 
     @property
     def answered(self) -> str:
         """The route that answered the last call: ``package``, ``torch.compile`` or ``eager``."""
         return self._answered
+
+    def serve(self, source: Any) -> None:
+        """Whose call the next ones are: the model's own input (whether its
+        caller differentiates the outputs; not the part's input, which the
+        model may mark as requiring grad itself); None: the part's input."""
+        self._source = source
 
     @property
     def part(self) -> torch.nn.Module:
@@ -254,7 +261,8 @@ class RegionPackages(torch.nn.Module):
 
     def forward(self, padded: Any, *args: Any, **kwargs: Any) -> Any:
         self._answered = ""
-        out = self._packages.run(padded, args, kwargs, padded, lambda: self._fallback(padded, args, kwargs))
+        source = self._source if self._source is not None else padded
+        out = self._packages.run(padded, args, kwargs, source, lambda: self._fallback(padded, args, kwargs))
         if not self._answered:  # the package answered (or, on its first call, its check's eager step did)
             self._answered = PackageRoute.name
         return out
@@ -297,8 +305,14 @@ class SeamPackageRoute:
         region(model, packaged)  # (replaces the part inside ddpad's own wrapper of the model, in place)
 
     def run(self, step: Step) -> Any:
-        # no Dynamo flags here: only a part's torch.compile fallback reads them (and sets them itself)
-        out = run_step(self.model, self.call, {}, step.padded, step.args, step.kwargs)
+        for part in self.parts:
+            part.serve(step.padded)
+        try:
+            # no Dynamo flags here: only a part's torch.compile fallback reads them (and sets them itself)
+            out = run_step(self.model, self.call, {}, step.padded, step.args, step.kwargs)
+        finally:
+            for part in self.parts:
+                part.serve(None)
         answered = {part.answered for part in self.parts} - {""}
         for route in (EagerRoute.name, CompiledRoute.name, self.name):
             if route in answered:

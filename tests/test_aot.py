@@ -580,3 +580,28 @@ def test_a_model_padding_at_its_own_seam_takes_packages_of_the_part_after_it(tmp
     assert (built.aot_compiled, built.aot_loaded, built.aot_checked, built.aot_refused) == (1, 0, 1, 0)
     assert (loaded.aot_compiled, loaded.aot_loaded, loaded.aot_checked, loaded.aot_refused) == (0, 1, 1, 0)
     assert built.graphs == loaded.graphs == 0  # no Dynamo on the call path
+
+
+def test_a_differentiating_caller_gets_a_graph_whether_or_not_the_package_is_built(store: pathlib.Path) -> None:
+    """A package returns plain tensors, so every call whose caller
+    differentiates runs torch.compile. Before, the check ran only while no
+    package was built: once one was, such a caller got plain tensors
+    ("element 0 of tensors does not require grad"); and a first call that
+    differentiated refused the form for good, its later plain calls on
+    torch.compile too."""
+    model = toy.ADAPTER.tools.random_model().train()  # (its forces keep their graph: the caller's grad runs)
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=store, cap_policy="headroom",
+                         aot_build="foreground", backend="aot_eager")
+    frames = _frames(model, 4)
+    wrapped(frames[0])  # the package, built or loaded
+    for data in frames[1:3]:
+        data = {k: v.clone() for k, v in data.items()}
+        data["pos"].requires_grad_(True)
+        out = wrapped(data)
+        (grad,) = torch.autograd.grad(out["energy"].sum(), data["pos"])
+        ref = model({k: v.clone() for k, v in data.items()})
+        torch.testing.assert_close(-grad, ref["forces"].detach(), rtol=0, atol=1e-10)
+    graphs = wrapped.stats.graphs
+    _same(wrapped(frames[3]), model({k: v.clone() for k, v in frames[3].items()}))  # a plain call: the package
+    s = wrapped.stats
+    assert (s.aot_refused, s.graphs, wrapped.manager.refused) == (1, graphs, {})

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 import ddpad
-from ddpad import CapPolicy, record_resolutions, resolve_cap, resolve_caps
+from ddpad import CapPolicy, CapScope, ScopedCaps, record_resolutions, resolve_cap, resolve_caps
 
 
 def test_reference_values_atoms_sequence() -> None:
@@ -94,12 +94,13 @@ def test_numpy_and_tensor_ints_are_counts() -> None:
 
 
 def test_resolve_caps_many_keys_and_records(caplog: pytest.LogCaptureFixture) -> None:
-    state = {"edges": 2800}
+    scope = CapScope()
+    state = ScopedCaps({"edges": 2800}, scope)
     policies = {"atoms": CapPolicy(1.15, strict_gt=False), "edges": CapPolicy(1.35)}
-    with record_resolutions() as res, caplog.at_level(logging.INFO, logger="ddpad"):
+    with caplog.at_level(logging.INFO, logger="ddpad"):
         caps = resolve_caps(state, {"atoms": (100, policies["atoms"]), "edges": (2818, policies["edges"])})
     assert caps == {"atoms": 128, "edges": 3664}
-    assert [(r.key, r.old_cap, r.cap, r.grew) for r in res] == [
+    assert [(r.key, r.old_cap, r.cap, r.grew) for r in scope.resolutions] == [
         ("atoms", None, 128, True), ("edges", 2800, 3664, True)]
     assert "edges 2818 > cap 2800: grow to 3664, expect one recompile" in caplog.text
 
@@ -139,14 +140,15 @@ def test_steady_calls_record_and_respect_ceilings() -> None:
     """The fast path of a call that changes nothing still records its
     resolutions, and leaves a cap above its ceiling to the general path."""
     policy = CapPolicy(1.15, strict_gt=False)
-    state = {"atoms": 64}
-    with record_resolutions() as res:
-        assert resolve_caps(state, {"atoms": (40, policy)}) == {"atoms": 64}
-    assert [(r.key, r.real, r.need, r.old_cap, r.cap, r.grew) for r in res] == [("atoms", 40, 40, 64, 64, False)]
-    with ddpad.cap_ceilings({"atoms": 32}):
-        assert resolve_caps(state, {"atoms": (20, policy)}) == {"atoms": 64}  # fits the ceiling: kept
-        with pytest.raises(ddpad.CapacityError, match="ceiling is 32"):
-            resolve_caps(state, {"atoms": (40, policy)})
+    scope = CapScope()
+    state = ScopedCaps({"atoms": 64}, scope)
+    assert resolve_caps(state, {"atoms": (40, policy)}) == {"atoms": 64}
+    assert [(r.key, r.real, r.need, r.old_cap, r.cap, r.grew) for r in scope.resolutions] == [
+        ("atoms", 40, 40, 64, 64, False)]
+    ceiled = ScopedCaps(state, CapScope({"atoms": 32}))
+    assert resolve_caps(ceiled, {"atoms": (20, policy)}) == {"atoms": 64}  # fits the ceiling: kept
+    with pytest.raises(ddpad.CapacityError, match="ceiling is 32"):
+        resolve_caps(ceiled, {"atoms": (40, policy)})
     assert resolve_caps(state, {"atoms": (64, policy)}) == {"atoms": 96}  # not strict: 64 overflows 64
     with pytest.raises(ValueError, match="integer count"):
         resolve_caps(state, {"atoms": (True, policy)})
@@ -157,7 +159,6 @@ def test_steady_calls_record_and_respect_ceilings() -> None:
 def test_a_growth_takes_the_smallest_ready_rung_that_fits() -> None:
     """Rungs (caps with graphs ready): a need overflowing by more than a
     stride still lands on the rung its own bucket would miss by a stride."""
-    from ddpad import CapScope, ScopedCaps
 
     policies = {"atoms": CapPolicy(1.15, strict_gt=False), "edges": CapPolicy(1.35)}
     rungs = [{"atoms": 96, "edges": 1216}, {"atoms": 64, "edges": 928}]  # any order: the smallest fitting wins
@@ -212,7 +213,7 @@ def test_a_scope_travels_on_the_caps_it_is_handed_with() -> None:
     """Ceilings and the record of a :class:`ddpad.CapScope` apply to the caps
     that carry it (:class:`ddpad.ScopedCaps`) and nowhere else: a plain dict
     resolved beside it sees neither, however the two interleave."""
-    from ddpad import CapacityError, CapScope, ScopedCaps
+    from ddpad import CapacityError
 
     policy = CapPolicy(1.0, stride=16)
     scope = CapScope({"atoms": 32})
@@ -223,8 +224,13 @@ def test_a_scope_travels_on_the_caps_it_is_handed_with() -> None:
         resolve_caps(caps, {"atoms": (40, policy)})
     assert caps == {"atoms": 32}  # unchanged by the refused resolution
     assert [(r.key, r.real, r.old, r.cap) for r in scope.rows] == [("atoms", 20, None, 32)]
-    with ddpad.cap_ceilings({"atoms": 16}), record_resolutions() as recorded:  # the public blocks: plain dicts
-        resolve_caps(caps, {"atoms": (24, policy)})  # under its own scope's ceiling, recorded there
-        with pytest.raises(CapacityError, match="ceiling is 16"):
-            resolve_caps({}, {"atoms": (24, policy)})
+    with pytest.deprecated_call(match="resolve_caps\\(ddpad.ScopedCaps"):
+        with ddpad.cap_ceilings({"atoms": 16}), record_resolutions() as recorded:  # the deprecated blocks
+            resolve_caps(caps, {"atoms": (24, policy)})  # under its own scope's ceiling, recorded there
+            with pytest.raises(CapacityError, match="ceiling is 16"):
+                resolve_caps({}, {"atoms": (24, policy)})  # a plain dict: under the block's
+            unscoped = CapScope()
+            assert resolve_caps(ScopedCaps({}, unscoped), {"atoms": (24, policy)}) == {"atoms": 32}
     assert recorded == [] and len(scope.rows) == 2
+    # a scope without ceilings has none: before, it read the block's (16) and this call failed
+    assert [(r.key, r.cap) for r in unscoped.resolutions] == [("atoms", 32)]
