@@ -292,7 +292,7 @@ class AotRoute:
             return
         self.differentiated.add(form)
         self.stats.aot_refused += 1
-        log.warning("ddpad: compile_mode='aot' falls back to torch.compile for the calls whose caller "
+        log.warning("ddpad: compile_mode='aot' falls back to torch.compile for each call where the caller "
                     "differentiates the returned outputs (an input requires grad): a package returns plain tensors")
 
     def _refuse(self, form: tuple[Any, ...], reason: str, said: bool = False) -> None:
