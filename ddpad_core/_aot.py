@@ -28,12 +28,16 @@ with one line naming the reason, the model and its input as they were.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -396,7 +400,7 @@ class AotRoute:
                     # Inductor inlines a 0-dim tensor constant as a number, which some of its lowerings
                     # cannot take (embedding, view: fairchem's DatasetEmbedding indexes with torch.tensor(0))
                     configs["always_keep_tensor_constants"] = True
-                with tempfile.TemporaryDirectory(prefix="ddpad-aot-") as tmp:
+                with tempfile.TemporaryDirectory(prefix="ddpad-aot-") as tmp, _own_build_files(configs):
                     built = torch._inductor.aoti_compile_and_package(
                         exported, package_path=os.path.join(tmp, "step.pt2"), inductor_configs=configs)
                     blob = _read(built)
@@ -413,6 +417,30 @@ class AotRoute:
         log.info("built an ahead-of-time package in %.1f s (trace %.1f s, export %.1f s, AOTInductor %.1f s; "
                  "%d bytes)", phases[-1] - t0, *(b - a for a, b in zip(phases, phases[1:])), len(blob))
         return _Package(runner, out_spec, path if saved else None)
+
+
+@contextlib.contextmanager
+def _own_build_files(configs: dict[str, Any]) -> Iterator[None]:
+    """Name this build's generated files (C++, .so, metadata) for this build
+    alone, and remove them once it is packaged. AOTInductor names them by the
+    generated code, which two models of one architecture share: a build in
+    another process at the same time (test workers, a second user) overwrote
+    them between this build's compile and its packaging, and this package
+    held the other's weights and metadata."""
+    name = f"ddpad_{os.getpid()}_{uuid.uuid4().hex}"
+    configs["aot_inductor.model_name_for_generated_files"] = name
+    try:
+        yield
+    finally:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        # (in a directory of Inductor's cache named by the graph: files, a build directory, a lock)
+        for path in glob.glob(os.path.join(cache_dir(), "*", name + "*")):
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
 
 
 def _scalar_constants(gm: torch.fx.GraphModule) -> bool:

@@ -605,3 +605,49 @@ def test_a_differentiating_caller_gets_a_graph_whether_or_not_the_package_is_bui
     _same(wrapped(frames[3]), model({k: v.clone() for k, v in frames[3].items()}))  # a plain call: the package
     s = wrapped.stats
     assert (s.aot_refused, s.graphs, wrapped.manager.refused) == (1, graphs, {})
+
+
+def test_two_builds_of_the_same_code_at_once_each_package_their_own_weights(tmp_path: pathlib.Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two models of one architecture (other weights) built at the same time
+    in two processes of one machine, as CI's test workers do: AOTInductor
+    wrote a build's files (the .so, its metadata) at a path named by the
+    generated code alone, so the other process's build overwrote this one's
+    before it was packaged, and this model's package held the other's
+    (caught by the metadata check: "it holds a package built for ...", the
+    build failing the call). The interleaving is made here: the other
+    process builds between this build's compile and its packaging."""
+    import torch._inductor.package as aoti_package
+
+    script = textwrap.dedent("""
+        import sys, torch, ddpad, ddpad_toy_plugin as toy
+        sys.path.insert(0, sys.argv[2])
+        from test_aot import _frames, _same
+        model = toy.ADAPTER.tools.random_model()
+        with torch.no_grad():
+            model.depth += 0.1
+        data = _frames(model, 1)[0]
+        wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=sys.argv[1],
+                             cap_policy="headroom", aot_build="foreground")
+        _same(wrapped(data), model({k: v.clone() for k, v in data.items()}))
+        assert (wrapped.stats.aot_compiled, wrapped.stats.aot_refused) == (1, 0), wrapped.stats
+    """)
+    package_aoti = aoti_package.package_aoti
+    others: list[subprocess.CompletedProcess[str]] = []
+
+    def package_after_the_other_build(*args: Any, **kwargs: Any) -> Any:
+        if not others:
+            others.append(subprocess.run([sys.executable, "-c", script, str(tmp_path / "other"),
+                                          str(pathlib.Path(__file__).parent)],
+                                         capture_output=True, text=True, timeout=600, check=False))
+        return package_aoti(*args, **kwargs)
+
+    monkeypatch.setattr(aoti_package, "package_aoti", package_after_the_other_build)
+    model = toy.ADAPTER.tools.random_model()
+    data = _frames(model, 1)[0]
+    wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", compile_cache=tmp_path / "this",
+                         cap_policy="headroom", aot_build="foreground")
+    out = wrapped(data)
+    assert len(others) == 1 and others[0].returncode == 0, others[0].stderr[-3000:]
+    _same(out, model({k: v.clone() for k, v in data.items()}))
+    assert (wrapped.stats.aot_compiled, wrapped.stats.aot_refused) == (1, 0)
