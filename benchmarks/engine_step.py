@@ -6,8 +6,8 @@ One engine and system per run, for the benchmarks page; ``ddpad bench
 ADAPTER --engines`` runs every engine in one table. What is measured and how
 (the model, the systems, the baselines, the alternating blocks) is
 :mod:`ddpad._bench.engines`. The model is the adapter's random model, MACE in
-float64, SevenNet, Orb and MatterSim in float32 (SevenNet's and MatterSim's
-only dtype, Orb's calculator's default).
+float64, SevenNet, Orb, MatterSim and AIMNet2 in float32 (SevenNet's and
+MatterSim's only dtype, Orb's calculator's default, aimnet's default dtype).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-ADAPTERS = ("mace", "sevennet", "orb", "mattersim")
+ADAPTERS = ("mace", "sevennet", "orb", "mattersim", "aimnet2")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -86,7 +86,10 @@ MEASUREMENTS = (
       for engine, kind, adapter, modules in (("torchsim", "one", "mace", ("torch_sim",)),
                                              ("torchsim", "batch", "mace", ("torch_sim",)),
                                              ("ase", "one", "mace", ()), ("ase", "one", "sevennet", ()),
-                                             ("ase", "one", "orb", ()), ("ase", "one", "mattersim", ()))),
+                                             ("ase", "one", "orb", ()), ("ase", "one", "mattersim", ()),
+                                             ("ase", "one", "aimnet2", ()),
+                                             ("torchsim", "one", "aimnet2", ("torch_sim",)),
+                                             ("torchsim", "batch", "aimnet2", ("torch_sim",)))),
     *(Measurement(f"input-{a}", a, (a,), (a, "--calls", "3"), script="input_build.py", modules=("vesin_torch",))
       for a in INPUT_ADAPTERS),
 )
@@ -316,7 +319,7 @@ def growing_section(doc: dict[str, Any]) -> str:
 
 
 ENGINE_NAMES = {"torchsim": "torch-sim (`nvt_langevin`)", "ase": "ASE (`Langevin`)"}
-ENGINE_RUNS = ("torchsim-one", "torchsim-batch", "ase-one", "ase-one-sevennet", "ase-one-orb", "ase-one-mattersim")
+ENGINE_RUNS = tuple(m.name for m in MEASUREMENTS if m.script == "engine_step.py")  # (in the table's order)
 
 
 def engines_section(docs: list[dict[str, Any]]) -> str:
@@ -334,7 +337,8 @@ def engines_section(docs: list[dict[str, Any]]) -> str:
                          f"{v['ms']:.1f}", ratio, spread])
     return "\n\n".join([
         "ddpad's MD step inside an engine against the engine's own model wrapper (same random model - MACE in "
-        "float64, SevenNet, Orb and MatterSim in float32 - same start, one process; `python benchmarks/engine_step.py ENGINE SYSTEM "
+        "float64, SevenNet, Orb, MatterSim and AIMNet2 in float32 - same start, one process; AIMNet2 on water clusters "
+        "without a cell, each one molecule: 21 waters, and 8, 14, 21 and 30 in a batch; `python benchmarks/engine_step.py ENGINE SYSTEM "
         "--adapter ADAPTER`, or every engine in one table: `ddpad bench ADAPTER --engines`): ddpad with `backend="
         "\"inductor\"` and the compile store (its caps the tight fit), building the input from the engine's "
         "tensors; \"ASE pipeline\" is ddpad's calculator with `tensor_input=False` (the package's data pipeline). "

@@ -63,6 +63,11 @@ class EngineHooks:
     energy_only_options
         Call keywords for a forward that returns energies without taking
         derivatives (the engine takes them), e.g. mace's ``compute_force=False``.
+    molecules
+        The model's systems are molecules, each with its own total charge
+        (AIMNet2): the engines make an ``ase.Atoms`` with a ``mol_id`` array
+        one system per molecule (:meth:`ddpad.Structures.from_atoms`), as the
+        adapter's ``build_input`` does.
     positions_key
         The native input field holding atom positions, for engines that
         differentiate the energy themselves (LAMMPS); None when the energy
@@ -78,6 +83,7 @@ class EngineHooks:
     atom_energy_key: str | None = None
     message_layers: Callable[[torch.nn.Module], int] | None = None
     energy_only_options: Mapping[str, Any] = field(default_factory=dict)
+    molecules: bool = False
     positions_key: str | None = "positions"
 
 

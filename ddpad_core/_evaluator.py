@@ -76,7 +76,8 @@ def engine_input(adapter: Adapter, model: torch.nn.Module, atoms: Any) -> Any:
     build = tensor_builder(adapter, model)
     if build is None:
         return adapter.input_builder(model)(atoms)
-    return build(Structures.from_atoms(atoms, device=next(model.parameters()).device))
+    return build(Structures.from_atoms(atoms, device=next(model.parameters()).device,
+                                       molecules=adapter.engine.molecules))
 
 
 class Evaluator:

@@ -43,6 +43,10 @@ class Structures:
     system
         ``[N]`` index of each atom's system, ``0 .. S-1`` in order; ``None``:
         all atoms are one system.
+    charge
+        ``[S]`` total charge of each system, for models that take one
+        (AIMNet2); ``None``: every system neutral. Models without a charge
+        input ignore it.
     """
 
     positions: Tensor
@@ -50,26 +54,59 @@ class Structures:
     cell: Tensor
     pbc: bool | Tensor
     system: Tensor | None = None
+    charge: Tensor | None = None
 
     @classmethod
     def from_atoms(cls, atoms: Any, *, dtype: torch.dtype = torch.float64,
-                   device: str | torch.device = "cpu") -> Structures:
-        """Structures from one ``ase.Atoms`` or a list of them."""
+                   device: str | torch.device = "cpu", molecules: bool = False) -> Structures:
+        """Structures from one ``ase.Atoms`` or a list of them, each a system
+        whose charge is its ``info["charge"]`` (default 0).
+
+        ``molecules=True`` (a model whose systems are molecules: AIMNet2's
+        :attr:`~ddpad.adapters.EngineHooks.molecules`): an ``Atoms`` with a
+        ``mol_id`` array is one system per molecule, each with the
+        ``Atoms``' cell, periodicity and ``info["charge"]``, as the
+        adapter's ASE pipeline splits it; a molecule's atoms must be
+        contiguous."""
         structures = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
         if not structures:
             raise ValueError("ddpad.Structures.from_atoms needs at least one structure")
+        # one entry per system: (its Atoms, its atom count)
+        systems = [(a, hi - lo) for a in structures
+                   for lo, hi in (molecule_ranges(a) if molecules else [(0, len(a))])]
         positions = torch.cat([torch.as_tensor(a.positions, dtype=dtype) for a in structures])
         numbers = torch.cat([torch.as_tensor(a.numbers, dtype=torch.long) for a in structures])
-        cell = torch.stack([torch.as_tensor(a.cell.array, dtype=dtype) for a in structures])
-        pbc = torch.stack([torch.as_tensor(a.pbc, dtype=torch.bool) for a in structures])
-        system = torch.repeat_interleave(torch.arange(len(structures)),
-                                         torch.tensor([len(a) for a in structures], dtype=torch.long))
-        return cls(positions.to(device), numbers.to(device), cell.to(device), pbc.to(device), system.to(device))
+        cell = torch.stack([torch.as_tensor(a.cell.array, dtype=dtype) for a, _ in systems])
+        pbc = torch.stack([torch.as_tensor(a.pbc, dtype=torch.bool) for a, _ in systems])
+        system = torch.repeat_interleave(torch.arange(len(systems)),
+                                         torch.tensor([count for _, count in systems], dtype=torch.long))
+        charge = torch.tensor([float(a.info.get("charge", 0.0)) for a, _ in systems], dtype=dtype)
+        return cls(positions.to(device), numbers.to(device), cell.to(device), pbc.to(device), system.to(device),
+                   charge.to(device))
 
     @property
     def cells(self) -> Tensor:
         """``[S, 3, 3]`` cells."""
         return self.cell if self.cell.dim() == 3 else self.cell.unsqueeze(0)
+
+
+def molecule_ranges(atoms: Any) -> list[tuple[int, int]]:
+    """The atom range of each molecule of an ``ase.Atoms`` by its ``mol_id``
+    array (one range for the whole ``Atoms`` without one), in order.
+
+    Raises
+    ------
+    ValueError
+        A molecule's atoms are not contiguous (outputs come back in input
+        order).
+    """
+    ids = atoms.arrays.get("mol_id")
+    if ids is None or len(ids) == 0:
+        return [(0, len(atoms))]
+    starts = [0] + [i for i in range(1, len(ids)) if ids[i] != ids[i - 1]]
+    if len({int(ids[i]) for i in starts}) != len(starts):
+        raise ValueError("ddpad: mol_id must group each molecule's atoms contiguously")
+    return list(zip(starts, starts[1:] + [len(ids)]))
 
 
 class Composition:

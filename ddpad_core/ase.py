@@ -54,10 +54,12 @@ class Calculator(_AseCalculator):
         Options passed on every model call.
     tensor_input
         Build the model's input from the atoms' arrays as tensors on the
-        model's device (the adapter's ``tensor_input``: all but AIMNet2;
-        the numbers tensor is reused while the atoms stay the
-        same), not through the adapter's ASE pipeline. ``None``: where the
-        adapter has one and its neighbour list (vesin-torch) is installed;
+        model's device (the adapter's ``tensor_input``, every built-in
+        adapter's; the numbers tensor is reused while the atoms stay the
+        same; for AIMNet2 one system per molecule of a ``mol_id`` array,
+        each with ``atoms.info["charge"]``), not through the adapter's ASE
+        pipeline. ``None``: where the adapter has one and what it needs
+        (vesin-torch for a neighbour list) is installed;
         ``True``: an error if it cannot; ``False``: the pipeline (the
         reference).
     **wrap_kwargs
@@ -89,19 +91,25 @@ class Calculator(_AseCalculator):
         self.call_kwargs = dict(call_kwargs or {})
         self.tensor_input = self.evaluate.takes_tensors
         self._device = next(model.parameters()).device
-        self._composition: tuple[np.ndarray, np.ndarray, torch.Tensor, torch.Tensor] | None = None
+        self._molecules = self.evaluate.adapter.engine.molecules
+        self._composition: tuple[Any, Structures] | None = None
 
     def structures(self, atoms: Any) -> Structures:
-        """``atoms`` as :class:`~ddpad.Structures` on the model's device; the
-        numbers and pbc tensors are the last call's while they are equal, so
-        the composition is checked once, not every step."""
+        """``atoms`` as :class:`~ddpad.Structures` on the model's device (one
+        system, or one per molecule of its ``mol_id`` array for a model whose
+        systems are molecules); the numbers, pbc, system and charge tensors
+        are the last call's while they are equal, so the composition is
+        checked once, not every step."""
+        key = (atoms.numbers.copy(), atoms.pbc.copy(), _copy(atoms.arrays.get("mol_id")) if self._molecules else None,
+               atoms.info.get("charge", 0.0))
         c = self._composition
-        if c is None or not (np.array_equal(c[0], atoms.numbers) and np.array_equal(c[1], atoms.pbc)):
-            c = self._composition = (atoms.numbers.copy(), atoms.pbc.copy(),
-                                     torch.as_tensor(atoms.numbers, dtype=torch.long, device=self._device),
-                                     torch.as_tensor(atoms.pbc, dtype=torch.bool, device=self._device))
+        if c is None or not all(a is b or (a is not None and b is not None and np.array_equal(a, b))
+                                for a, b in zip(c[0], key)):
+            c = self._composition = (key, Structures.from_atoms(atoms, device=self._device, molecules=self._molecules))
+        known = c[1]
         as_tensor = functools.partial(torch.as_tensor, dtype=torch.float64, device=self._device)
-        return Structures(as_tensor(atoms.positions), c[2], as_tensor(atoms.cell.array), c[3])
+        cell = as_tensor(atoms.cell.array).expand(known.cells.shape[0], 3, 3)
+        return Structures(as_tensor(atoms.positions), known.numbers, cell, known.pbc, known.system, known.charge)
 
     def calculate(self, atoms: Any = None, properties: Any = None, system_changes: Any = all_changes) -> None:
         super().calculate(atoms, properties, system_changes)
@@ -119,3 +127,7 @@ class Calculator(_AseCalculator):
                 break
         if wants_stress and isinstance(out.get("stress"), torch.Tensor):
             self.results["stress"] = full_3x3_to_voigt_6_stress(_numpy(out["stress"]).reshape(3, 3))
+
+
+def _copy(array: np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else array.copy()

@@ -407,7 +407,7 @@ def check_tensor_input(adapter: Any, model: torch.nn.Module, structures: Sequenc
     for step, atoms in enumerate(structures):
         parts = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
         stress = all(bool(a.pbc.all()) for a in parts)
-        tensors = Structures.from_atoms(parts, device=device)
+        tensors = Structures.from_atoms(parts, device=device, molecules=adapter.engine.molecules)
         keys = ["energy", "forces", *(["stress"] if stress else [])]
         want = {k: v for k, v in eager(parts, stress=stress).items() if k in keys}
         for where, got in (("eager", eager(tensors, stress=stress)), ("padded", padded(tensors, stress=stress))):

@@ -71,9 +71,10 @@ class Model(ModelInterface):
 
     Notes
     -----
-    Where the adapter has a ``tensor_input`` (all but AIMNet2),
+    Where the adapter has a ``tensor_input`` (every built-in adapter),
     each step builds the model's input from the state's tensors on their
-    device; no ``ase.Atoms``. Otherwise each step converts the state
+    device; no ``ase.Atoms`` (a state's per-system ``charge``, where the
+    installed torch-sim keeps one, reaches models that read it: AIMNet2). Otherwise each step converts the state
     to ``ase.Atoms`` and builds the input with the adapter's own pipeline, on
     the CPU. ``self.wrapped.stats`` has the compiled graphs, growths and fill.
     """
@@ -106,8 +107,9 @@ class Model(ModelInterface):
         if isinstance(state, dict):
             state = ts.SimState(**state, masses=torch.ones_like(state["positions"]))
         if self.evaluate.takes_tensors:
+            # (a torch-sim that keeps a total charge per system passes it on: AIMNet2 reads it)
             structures: Any = Structures(state.positions, state.atomic_numbers, state.row_vector_cell, state.pbc,
-                                         state.system_idx)
+                                         state.system_idx, getattr(state, "charge", None))
         else:
             structures = ts.io.state_to_atoms(state)
         out = self.evaluate(structures, stress=self._compute_stress, **kwargs)

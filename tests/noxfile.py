@@ -147,7 +147,7 @@ def core(session: nox.Session) -> None:
 @_session
 def aimnet2(session: nox.Session) -> None:
     """The AIMNet2 adapter against the aimnet package."""
-    _adapter_session(session, "aimnet2", "tests/test_aimnet2.py", "tests/test_docs.py", *INSTALLED_REGISTRY)
+    _adapter_session(session, "aimnet2,torchsim", "tests/test_aimnet2.py", "tests/test_docs.py", *INSTALLED_REGISTRY)
 
 
 @_session

@@ -297,6 +297,120 @@ def test_unknown_elements_and_empty_input_are_clear_errors() -> None:
         build(ase_build.molecule("H2O")[[]])
 
 
+def _molecules_with_charges() -> list[Any]:
+    """The default system (eight molecules by ``mol_id``, neutral) and a
+    charged water and ammonia: ten molecules in two ``Atoms``."""
+    mols = adapters.get("aimnet2").tools.default_system()
+    ions = ase_build.molecule("H2O") + ase_build.molecule("NH3")
+    ions.positions[3:] += (8.0, 0.0, 0.0)
+    ions.set_array("mol_id", torch.tensor([0, 0, 0, 1, 1, 1, 1]).numpy())
+    ions.info["charge"] = -1.0  # each molecule's, as the pipeline reads it
+    return [mols, ions]
+
+
+def test_tensor_input_gives_the_pipelines_input_and_numbers() -> None:
+    """``Structures`` (one system per molecule, ``charge`` per system) ->
+    aimnet's input: the same tensors as ``build_input`` from the same
+    ``Atoms`` (before: AIMNet2 had no tensor path; the engines went through
+    ``ase.Atoms``)."""
+    model = random_model()
+    adapter = adapters.get("aimnet2")
+    parts = _molecules_with_charges()
+    structures = ddpad.Structures.from_atoms(parts, molecules=True)
+    assert structures.charge is not None and structures.charge.tolist() == [0.0] * 8 + [-1.0, -1.0]
+    got, want = adapter.engine.tensor_input(model)(structures), adapter.input_builder(model)(parts)
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0, msg=key)
+    out = ddpad.Evaluator(model, adapter, backend="aot_eager", compile_cache=None)(structures)
+    ref = evaluate(model, want)
+    assert out["energy"].shape == (10,)
+    for key in ("energy", "forces", "charges"):
+        torch.testing.assert_close(out[key], ref[key], rtol=0, atol=TOL[torch.float32], msg=key)
+    neutral = ddpad.Structures.from_atoms(parts, molecules=True)
+    neutral.charge = None  # the charge is read: neutral ions are other numbers
+    assert not torch.allclose(ddpad.Evaluator(model, adapter, pad=False, compile=False)(neutral)["energy"][8:],
+                              ref["energy"][8:])
+
+
+def test_a_list_of_atoms_with_mol_id_is_split_into_its_molecules() -> None:
+    """The ASE pipeline splits every ``Atoms`` of a list by its ``mol_id``
+    (before: only a single ``Atoms``; each of a list was one molecule, its
+    molecules charge-equilibrated together)."""
+    model = random_model()
+    data = adapters.get("aimnet2").input_builder(model)(_molecules_with_charges())
+    assert data["charge"].tolist() == [0.0] * 8 + [-1.0, -1.0]
+
+
+def test_the_ase_calculator_takes_the_tensor_path_for_molecules() -> None:
+    """``ddpad.ase.Calculator`` on AIMNet2 builds from tensors, one system per
+    molecule of the ``mol_id`` array: the pipeline's numbers over a short
+    Langevin run, the composition checked once."""
+    import numpy as np
+    from ase import units
+    from ase.md.langevin import Langevin
+
+    from ddpad.ase import Calculator
+
+    model = random_model()
+    runs = {}
+    for tensors in (True, False):
+        atoms = adapters.get("aimnet2").tools.default_system()
+        atoms.info["charge"] = 0.0
+        atoms.calc = Calculator(model, "aimnet2", backend="aot_eager", compile_cache=None, tensor_input=tensors)
+        assert atoms.calc.tensor_input is tensors
+        dyn = Langevin(atoms, 0.5 * units.fs, temperature_K=300, friction=0.02, rng=np.random.default_rng(0))
+        energies: list[float] = []
+        dyn.attach(lambda: energies.append(atoms.get_potential_energy()), interval=1)
+        dyn.run(4)
+        runs[tensors] = (np.array(energies), atoms.get_forces())
+        if tensors:
+            first = atoms.calc.structures(atoms)
+            assert first.system is not None and int(first.system.max()) == 7
+            assert atoms.calc.structures(atoms).numbers is first.numbers  # the composition's tensors, reused
+    for got, want in zip(runs[True], runs[False]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOL[torch.float32])
+
+
+@pytest.mark.parametrize("kind", ["unknown species", "NaN position", "periodic", "empty system"])
+def test_tensor_input_bad_input_names_the_molecule_before_any_compile(kind: str) -> None:
+    model = random_model()
+    s = ddpad.Structures.from_atoms(_molecules_with_charges()[0], molecules=True)
+    if kind == "unknown species":
+        s.numbers[3] = 99
+    elif kind == "NaN position":
+        s.positions[4, 1] = float("nan")
+    elif kind == "periodic":
+        s.cell[1] = torch.eye(3) * 10.0
+        s.pbc = s.pbc.clone()
+        s.pbc[1] = True
+    elif kind == "empty system":
+        s.system = torch.where(s.system == 1, 2, s.system)
+    evaluate_ = ddpad.Evaluator(model, "aimnet2", backend="aot_eager", compile_cache=None)
+    with pytest.raises(ValueError, match="system 1|system\\(s\\) \\[1\\]") as info:
+        evaluate_(s)
+    assert info.value.args[0].startswith("ddpad: ")
+    assert evaluate_.stats.graphs == 0 and evaluate_.stats.calls == 0
+
+
+@pytest.mark.parametrize("engine, kind, own, atoms", [("ase", "one", "AIMNet2ASE", 63),
+                                                      ("torchsim", "batch", "torch-sim AIMNet2TorchSim", 219)])
+def test_bench_engines_steps_beside_aimnets_own_calculator_and_torchsim_model(engine: str, kind: str, own: str,
+                                                                              atoms: int) -> None:
+    """``ddpad bench aimnet2 --engines`` has rows for AIMNet2: water clusters
+    (molecules, no cell), against aimnet's ``AIMNet2ASE`` and
+    ``AIMNet2TorchSim`` (before: "declares no ASE calculator to compare
+    with", and crystals the adapter refuses)."""
+    if engine == "torchsim":
+        pytest.importorskip("torch_sim")
+    from ddpad._bench.engines import measure
+
+    row = measure(engine, kind, adapters.get("aimnet2"), random_model(), blocks=1, steps=2, warmup=2,
+                  backend="eager")
+    assert (row["baseline"], row["atoms"], row["disagreements"]) == (own, atoms, 0)
+    assert set(row["variants"]) >= {"ddpad", own} and all(v["ms"] > 0 for v in row["variants"].values())
+
+
 class TestAIMNet2Conformance(AdapterTests):
     aot_route = True  # compile_mode="aot": aimnet's own tracing path (docs/pages/compile-store.md)
     adapter = "aimnet2"

@@ -22,12 +22,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from ddpad import DensePadder, Fill
+from ddpad import Composition, DensePadder, Fill, Structures
 from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter
 from torch import Tensor
 
-__all__ = ["ADAPTER", "build_input", "default_system", "evaluate", "load_model", "make_padder", "random_model"]
+__all__ = ["ADAPTER", "build_input", "default_system", "evaluate", "load_model", "make_padder", "random_model",
+           "tensor_input"]
 
 NBMAT_KEYS = ("nbmat", "nbmat_lr", "nbmat_coulomb", "nbmat_dftd3")
 ATOM_OUTPUTS = ("forces", "charges", "spin_charges")
@@ -117,9 +118,11 @@ def evaluate(model: torch.nn.Module, data: dict[str, Tensor], *, forces: bool = 
 
 
 def _molecules(atoms: Any) -> list[Any]:
-    """Molecules of a list, or of one ``Atoms`` split by its ``mol_id`` array."""
+    """Molecules of an ``Atoms`` split by its ``mol_id`` array, or of each of
+    a list of them (before: a list's ``Atoms`` were one molecule each,
+    whatever their ``mol_id``)."""
     if isinstance(atoms, (list, tuple)):
-        return list(atoms)
+        return [mol for part in atoms for mol in _molecules(part)]
     if "mol_id" not in atoms.arrays:
         return [atoms]
     ids = atoms.arrays["mol_id"]
@@ -175,6 +178,40 @@ def build_input(
     return calculator.prepare_input({k: v.to(device) for k, v in data.items()})
 
 
+def tensor_input(model: torch.nn.Module, *, calculator: Any = None) -> Any:
+    """``Structures -> aimnet's flat input`` on the structures' device: each
+    system a molecule (charge from ``Structures.charge``, default neutral),
+    the neighbour matrices from aimnet's own ``prepare_input``, given the
+    tensors :func:`build_input` makes from ``ase.Atoms``, so the input is
+    the same. Per composition the checks (elements the model knows, finite
+    positions, no periodic system); per step no host work but aimnet's."""
+    calculator = calculator if calculator is not None else _calculator(model)
+    implemented = set((getattr(calculator, "metadata", None) or {}).get("implemented_species") or [])
+    known = frozenset(z for z in range(1, max_number(model) + 1) if not implemented or z in implemented)
+    dtype = next(model.parameters()).dtype
+    state: dict[str, Any] = {}
+
+    def build(structures: Structures) -> dict[str, Tensor]:
+        composition = Composition.of(structures, state.get("composition"), known)
+        if composition is not state.get("composition"):
+            periodic = [i for i, p in enumerate(composition.pbc) if any(p)]
+            if periodic:
+                raise ValueError(f"ddpad: system(s) {periodic} are periodic: the aimnet2 adapter takes molecules "
+                                 "(pbc=False)")
+            state["composition"] = composition
+        positions = structures.positions
+        charge = structures.charge
+        if charge is None:
+            charge = torch.zeros(composition.n_systems, dtype=dtype, device=positions.device)
+        elif charge.shape != (composition.n_systems,):
+            raise ValueError(f"ddpad: charge must be [S] = [{composition.n_systems}] (one per system), "
+                             f"got {list(charge.shape)}")
+        return calculator.prepare_input({"coord": positions.to(dtype), "numbers": structures.numbers.long(),
+                                         "charge": charge.to(dtype), "mol_idx": composition.system})
+
+    return build
+
+
 def max_number(model: torch.nn.Module) -> int:
     """The largest atomic number every per-element table of ``model`` holds."""
     sizes = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)]
@@ -199,6 +236,21 @@ def _calculator(model: torch.nn.Module) -> Any:
 
 def _cutoff(model: torch.nn.Module) -> float:
     return float(model.aev.rc_s)
+
+
+def ase_calculator(model: torch.nn.Module) -> Any:
+    """aimnet's own ASE calculator (``AIMNet2ASE``) around ``model``: one
+    ``Atoms``, one neutral molecule."""
+    from aimnet.calculators import AIMNet2ASE
+
+    return AIMNet2ASE(_calculator(model), charge=0)
+
+
+def torchsim_model(model: torch.nn.Module) -> Any:
+    """aimnet's own torch-sim model (``AIMNet2TorchSim``) around ``model``."""
+    from aimnet.calculators.aimnet2torchsim import AIMNet2TorchSim
+
+    return AIMNet2TorchSim(_calculator(model))
 
 
 MOLECULES = ("H2O", "CH4", "NH3", "C2H6", "CH3OH", "C6H6", "CH3CHO", "HCOOH")
@@ -274,6 +326,8 @@ ADAPTER = builtin_adapter(
     call_forms=({},),  # aimnet's AIMNet2Calculator calls model(data), forces by autograd outside
     engine=EngineHooks(
         build_input=build_input,
+        tensor_input=tensor_input,
+        molecules=True,
         input_context=lambda model: {"calculator": _calculator(model), "limit": max_number(model)},
         message_layers=None,  # its long-range Coulomb term sees every atom: no finite ghost depth
     ),
@@ -281,5 +335,7 @@ ADAPTER = builtin_adapter(
         random_model=random_model,
         load_model=load_model,
         default_system=default_system,
+        ase_calculator=ase_calculator,
+        torchsim_model=torchsim_model,
     ),
 )

@@ -5,7 +5,9 @@ engine and system at a time for the benchmarks page).
 One process, one model, Langevin dynamics at 600 K and 1 fs from the same
 start. ``one`` is a 64-atom diamond cell (a third of the atoms hydrogen),
 ``batch`` four rattled crystals of different sizes (376 atoms) in one state
-(torch-sim only).
+(torch-sim only); for a model of molecules (AIMNet2) clusters of water
+molecules without a cell instead, each one molecule (system): 21 waters
+(63 atoms), and 8, 14, 21 and 30 (219 atoms).
 
 - torch-sim: ``torch_sim.nvt_langevin``; ddpad is ``ddpad.torchsim.Model``
   with its defaults (the state's tensors, the compile store, tight caps),
@@ -35,6 +37,7 @@ from typing import Any
 __all__ = ["ENGINES", "ENGINE_NAMES", "SIZES", "Unavailable", "format_engines", "measure", "systems"]
 
 SIZES = {"one": [(2, 2, 2)], "batch": [(2, 2, 2), (3, 2, 2), (3, 3, 2), (3, 3, 1)]}
+WATERS = {"one": [21], "batch": [8, 14, 21, 30]}  # per cluster, for a model of molecules
 TEMPERATURE_K, TIMESTEP_FS = 600.0, 1.0
 ENGINE_NAMES = {"torchsim": "torch-sim (nvt_langevin)", "ase": "ASE (Langevin)"}
 
@@ -45,10 +48,13 @@ class Unavailable(Exception):
     """An engine or its baseline cannot run here; the message says why."""
 
 
-def systems(kind: str) -> list[Any]:
-    """The structures of ``kind`` (``one`` or ``batch``), rattled."""
+def systems(kind: str, molecules: bool = False) -> list[Any]:
+    """The structures of ``kind`` (``one`` or ``batch``), rattled: diamond
+    crystals, or water clusters for a model of molecules."""
     from ase.build import bulk
 
+    if molecules:
+        return [_water_cluster(n, seed=i) for i, n in enumerate(WATERS[kind])]
     out = []
     for i, rep in enumerate(SIZES[kind]):
         atoms = bulk("C", "diamond", a=3.57, cubic=True) * rep
@@ -56,6 +62,23 @@ def systems(kind: str) -> list[Any]:
         atoms.rattle(0.05, seed=i)
         out.append(atoms)
     return out
+
+
+def _water_cluster(count: int, seed: int) -> Any:
+    """``count`` water molecules on a 3 A grid, no cell, rattled."""
+    from ase import Atoms
+    from ase.build import molecule
+
+    cluster = Atoms()
+    side = 1
+    while side ** 3 < count:
+        side += 1
+    for index in range(count):
+        water = molecule("H2O")
+        water.positions += [3.0 * (index % side), 3.0 * ((index // side) % side), 3.0 * (index // side ** 2)]
+        cluster += water
+    cluster.rattle(0.05, seed=seed)
+    return cluster
 
 
 def _baseline(adapter: Any, model: Any, hook: str, what: str) -> Any:
@@ -83,7 +106,7 @@ def _torchsim(adapter: Any, model: Any, kind: str, backend: str, store: str) -> 
     baseline = f"torch-sim {type(own).__name__}"
     param = next(model.parameters())
     device, dtype = param.device, param.dtype
-    start = ts.io.atoms_to_state(systems(kind), device=device, dtype=dtype)
+    start = ts.io.atoms_to_state(systems(kind, adapter.engine.molecules), device=device, dtype=dtype)
     kT = torch.tensor(TEMPERATURE_K * 8.617333262e-5, dtype=dtype)
     dt = torch.tensor(TIMESTEP_FS * 1e-3, dtype=dtype)
     models = {"ddpad": Model(model, adapter, backend=backend, compile_cache=store), baseline: own}
@@ -118,7 +141,7 @@ def _ase(adapter: Any, model: Any, kind: str, backend: str, store: str) -> Stepp
     calculators[baseline] = own
     steppers = {}
     for name, calc in calculators.items():
-        atoms = systems(kind)[0]  # each its own copy of the same start
+        atoms = systems(kind, adapter.engine.molecules)[0]  # each its own copy of the same start
         atoms.calc = calc
         dyn = Langevin(atoms, TIMESTEP_FS * units.fs, temperature_K=TEMPERATURE_K, friction=0.02,
                        rng=np.random.default_rng(1))

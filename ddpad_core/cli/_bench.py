@@ -104,7 +104,8 @@ def _bench_engines(args: argparse.Namespace) -> int:
     if args.blocks < 1:
         raise CliError(f"--blocks must be >= 1, got {args.blocks}")
     device = _device(args.device)
-    model, what = _model(adapter, args.model, _dtype(adapter, args.dtype), device, systems("one")[0], args.verbose)
+    model, what = _model(adapter, args.model, _dtype(adapter, args.dtype), device,
+                         systems("one", adapter.engine.molecules)[0], args.verbose)
     print(f"ddpad bench {adapter.name} --engines: {what}, device {device}, backend {args.backend}, {_threads()} "
           f"thread(s); Langevin MD, ddpad and each engine's own model in alternating blocks of 10 steps", flush=True)
     rows, skipped = [], []
