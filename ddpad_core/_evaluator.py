@@ -12,6 +12,7 @@ from ._compile import compile_model, run_step
 from ._options import WrapOptions
 from ._padded import PaddedModel
 from ._stats import Stats
+from ._store import default_store_dir, storable
 from ._structures import Structures
 from ._registry import resolve_adapter
 from ._wrap import wrap
@@ -46,6 +47,18 @@ class UnpaddedCompiled:
 
 def _private_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone() if tensor.requires_grad else tensor.detach().clone()
+
+
+def engine_wrap_options(wrap_kwargs: dict[str, Any], *, pad: bool, compile: bool) -> dict[str, Any]:
+    """An engine's :func:`ddpad.wrap` options: a padded model compiled by
+    Inductor keeps its graphs in ddpad's compile store
+    (:func:`ddpad.default_store_dir`) unless given ``compile_cache`` (None:
+    none), so it runs on tight caps and the next process finds its graphs;
+    the engines (ASE, torch-sim, LAMMPS) share this default. Other backends
+    store nothing, and get no store."""
+    if pad and compile and storable(wrap_kwargs.get("backend", "inductor")):
+        wrap_kwargs.setdefault("compile_cache", default_store_dir())
+    return wrap_kwargs
 
 
 def tensor_builder(adapter: Adapter, model: torch.nn.Module, tensor_input: bool | None = None) -> Any:

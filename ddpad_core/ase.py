@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without ase
     raise ImportError(f"ddpad.ase needs ASE: pip install ase (or any model extra, e.g. "
                       f"{install_command('mace')})") from exc
 
-from ._evaluator import Evaluator
+from ._evaluator import Evaluator, engine_wrap_options
 from ._padded import PaddedModel
 from ._structures import Structures
 
@@ -64,6 +64,10 @@ class Calculator(_AseCalculator):
         reference).
     **wrap_kwargs
         Passed to :func:`ddpad.wrap` (``backend``, ``caps``, ``on_recompile`` ...).
+        ``compile_cache`` defaults to ddpad's compile store
+        (:func:`ddpad.default_store_dir`) for a padded model compiled by
+        Inductor, as in torch-sim and LAMMPS: tight caps, and the next
+        process finds the graphs; ``compile_cache=None`` for neither.
 
     Attributes
     ----------
@@ -86,7 +90,7 @@ class Calculator(_AseCalculator):
     ) -> None:
         super().__init__()
         self.evaluate = Evaluator(model, adapter, pad=pad, compile=compile, tensor_input=tensor_input,
-                                  **wrap_kwargs)
+                                  **engine_wrap_options(wrap_kwargs, pad=pad, compile=compile))
         self.wrapped: PaddedModel | None = self.evaluate.wrapped
         self.call_kwargs = dict(call_kwargs or {})
         self.tensor_input = self.evaluate.takes_tensors

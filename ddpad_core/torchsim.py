@@ -33,9 +33,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without torch-sim
     raise ImportError(f"ddpad.torchsim needs torch-sim: {install_command('torchsim')}") from exc
 
-from ._evaluator import Evaluator
+from ._evaluator import Evaluator, engine_wrap_options
 from ._padded import PaddedModel
-from ._store import default_store_dir
 from ._structures import Structures
 
 __all__ = ["Model"]
@@ -65,9 +64,9 @@ class Model(ModelInterface):
     **wrap_kwargs
         Passed to :func:`ddpad.wrap` (``backend``, ``caps``, ``on_recompile`` ...).
         ``compile_cache`` defaults to ddpad's compile store
-        (:func:`ddpad.default_store_dir`), so a padded, compiled model gets
-        tight caps and its graphs are found again by the next process; pass
-        ``compile_cache=None`` for neither.
+        (:func:`ddpad.default_store_dir`) for a padded model compiled by
+        Inductor, so it gets tight caps and its graphs are found again by the
+        next process; pass ``compile_cache=None`` for neither.
 
     Notes
     -----
@@ -92,10 +91,8 @@ class Model(ModelInterface):
         **wrap_kwargs: Any,
     ) -> None:
         super().__init__()
-        if pad and compile:
-            wrap_kwargs.setdefault("compile_cache", default_store_dir())
         self.evaluate = Evaluator(model, adapter, pad=pad, compile=compile, tensor_input=tensor_input,
-                                  **wrap_kwargs)
+                                  **engine_wrap_options(wrap_kwargs, pad=pad, compile=compile))
         self.wrapped: PaddedModel | None = self.evaluate.wrapped
         param = next(model.parameters())
         self._device = param.device

@@ -78,7 +78,11 @@ def main() -> None:
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
     parser.add_argument("--no-pad", action="store_true", help="compile without ddpad padding")
     parser.add_argument("--compile-cache", metavar="DIR",
-                        help="compile store shared by the ranks: one compiles, the others load (default: none)")
+                        help="compile store shared by the ranks: one compiles, the others load (default: ddpad's "
+                             "own with --backend inductor, none with others)")
+    parser.add_argument("--cap-policy", choices=("tight", "headroom"),
+                        help="caps fitted to the first steps' needs, agreed over the ranks, or the padders' head "
+                             "room (default: tight where the compile store keeps the graphs)")
     parser.add_argument("--aot", action="store_true",
                         help="compile_mode='aot': each rank falls back to torch.compile, in one line (the engine "
                              "differentiates the owned atoms' energy, which a package cannot give)")
@@ -125,7 +129,9 @@ def main() -> None:
         thermo_style custom step temp pe ke etotal press
         thermo 1
     """)
-    options = {"compile_cache": args.compile_cache} if args.compile_cache else {}
+    options: dict[str, Any] = {"compile_cache": args.compile_cache} if args.compile_cache else {}
+    if args.cap_policy:
+        options["cap_policy"] = args.cap_policy
     if args.aot:  # the engine differentiates the owned energy: each rank falls back, in one line
         options.update(compile_mode="aot", aot_build="foreground")
     potential = Potential(lmp, model, adapter, ["C"], pad=not args.no_pad, backend=args.backend, **options)
@@ -149,6 +155,7 @@ def main() -> None:
     stats = potential.stats
     ranks = comm.gather({
         "graphs": stats.graphs, "growths": stats.growth_calls, "caps": stats.caps,
+        "fits": [event.call for event in stats.fits],
         "graphs_compiled": stats.graphs_compiled, "graphs_loaded": stats.graphs_loaded,
         "compile_s": stats.compile_seconds, "load_s": stats.load_seconds,
         "aot_compiled": stats.aot_compiled, "aot_loaded": stats.aot_loaded, "aot_checked": stats.aot_checked,

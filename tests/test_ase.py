@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -72,3 +74,23 @@ def test_energy_read_through_properties_and_atom_energies_through_atom_energy_ke
     energies = atoms.get_potential_energies()
     np.testing.assert_allclose(energies, reference["atom_energy"].detach().numpy(), rtol=0, atol=1e-12)
     assert energies.sum() == pytest.approx(atoms.get_potential_energy(), abs=1e-12)
+
+
+def test_a_compiled_calculator_keeps_its_graphs_in_the_compile_store_by_default(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """As torch-sim's model and LAMMPS's ``Potential``: a padded calculator
+    compiled by Inductor binds ddpad's compile store, so it runs on tight
+    caps and the next process finds its graphs (before: head-room caps, and
+    every process compiled again). ``compile_cache=None`` opts out; eager
+    backends store nothing and get no store (and no warning saying so)."""
+    from ddpad import default_store_dir
+
+    model = ddpad.adapters.get("toy").tools.random_model(None, "cpu")
+    default = Calculator(model, "toy").wrapped.manager  # nothing compiles before a call
+    assert default.store_binding is not None and default.sizer is not None
+    assert pathlib.Path(default.store_binding.store.root) == default_store_dir()
+    without = Calculator(model, "toy", compile_cache=None).wrapped.manager
+    assert without.store_binding is None and without.sizer is None
+    with caplog.at_level("WARNING", logger="ddpad"):
+        eager = Calculator(model, "toy", backend="aot_eager").wrapped.manager
+    assert eager.store_binding is None and "compile store" not in caplog.text

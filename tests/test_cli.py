@@ -583,3 +583,17 @@ def test_bench_engines_says_why_each_engine_cannot_run(tmp_path: pathlib.Path) -
     assert "no engine could run" in "\n".join(errors(res))
     report = json.loads(out.read_text())
     assert report["engines"] == [] and {e for e, _, _ in report["not_measured"]} == {"ase", "torchsim", "lammps"}
+
+
+def test_no_compile_cache_reaches_the_calculator_as_none() -> None:
+    """``--no-compile-cache`` passes ``compile_cache=None`` (not nothing): the
+    ASE calculator binds ddpad's compile store by default, so leaving the
+    option out would have put the store back."""
+    import argparse
+
+    from ddpad.cli._common import _store_options
+
+    args = argparse.Namespace(backend="inductor", no_compile_cache=True, compile_cache="/elsewhere")
+    assert _store_options(args)["compile_cache"] is None
+    args.no_compile_cache = False
+    assert _store_options(args)["compile_cache"] == "/elsewhere"

@@ -304,3 +304,21 @@ def test_bench_engines_times_lammps_against_the_plain_eager_model_in_the_same_ca
     assert (row["engine"], row["atoms"], row["baseline"], row["disagreements"]) == (
         "lammps", 64, "eager model (unpadded)", 0)
     assert set(row["variants"]) == {"ddpad", "eager model (unpadded)"} and row["graphs"] == 1
+
+
+@MACE
+def test_two_ranks_fit_the_same_tight_caps_on_the_same_step(tmp_path: pathlib.Path) -> None:
+    """Tight caps under LAMMPS (what a padded model compiled by Inductor gets
+    by default, with the compile store): each rank's needs are agreed by the
+    step's one exchange, so both ranks fit the same caps on the same call
+    and stay on one graph after it; the thermo is the one-rank run's."""
+    steps = ("--steps", "14")
+    tight = _mpirun(tmp_path, 2, *steps, "--cap-policy", "tight")
+    ref = _mpirun(tmp_path, 1, *steps)
+    a, b = tight["ranks"]
+    assert a["fits"] == b["fits"] and len(set(a["fits"])) == 1 and a["caps"] == b["caps"]  # (one event per cap)
+    assert all(r["graphs"] == 2 + r["growths"] for r in (a, b))  # the head-room caps, then the fitted ones
+    assert a["caps"] != ref["ranks"][0]["caps"]
+    for x, y in zip(ref["thermo"], tight["thermo"], strict=True):
+        for key in ("pe", "etotal", "press"):
+            assert y[key] == pytest.approx(x[key], rel=1e-8, abs=1e-10), (x["step"], key)

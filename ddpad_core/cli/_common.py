@@ -272,8 +272,9 @@ def _store_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {"backend": args.backend}
     if getattr(args, "aot", False):
         options["compile_mode"] = "aot"
+    # (None, not left out: the engines bind ddpad's store by default)
+    options["compile_cache"] = None if args.no_compile_cache else args.compile_cache
     if not args.no_compile_cache:
-        options["compile_cache"] = args.compile_cache
         if getattr(args, "background_compile", None) is not None:
             options["background_compile"] = args.background_compile
     if getattr(args, "warm_ladder", 0):

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from .._agreement import AgreementError, cap_agreement_over
-from .._evaluator import Evaluator
+from .._evaluator import Evaluator, engine_wrap_options
 from .._stats import Stats
 from .._version import install_command
 from .._registry import resolve_adapter
@@ -109,6 +109,12 @@ class Potential:
         raising ``ddpad.AgreementError`` (which aborts the MPI job).
     **wrap_kwargs
         Passed to :func:`ddpad.wrap` (``backend``, ``caps``, ``on_recompile``...).
+        ``compile_cache`` defaults to ddpad's compile store
+        (:func:`ddpad.default_store_dir`) for a padded model compiled by
+        Inductor, as in the other engines: tight caps, fitted on the same
+        call on every rank (their needs agreed by the step's one exchange),
+        and one rank compiles what the others load; ``compile_cache=None``
+        for neither.
     """
 
     def __init__(
@@ -150,7 +156,9 @@ class Potential:
         self.layers = None if layers is None else int(layers)
         if check_ghosts:
             self._check_ghost_cutoff()
-        self.evaluator = Evaluator(model, self.adapter, pad=pad, **wrap_kwargs)
+        compile = wrap_kwargs.pop("compile", True)
+        self.evaluator = Evaluator(model, self.adapter, pad=pad, compile=compile,
+                                   **engine_wrap_options(wrap_kwargs, pad=pad, compile=compile))
         runner = self.evaluator.wrapped if pad else self.evaluator.unpadded
         self._stats = runner.stats if runner is not None else Stats()
         if runner is None:  # pad=False, compile=False: the plain eager model, its graph kept (this differentiates)
