@@ -86,6 +86,9 @@ def main() -> None:
     parser.add_argument("--aot", action="store_true",
                         help="compile_mode='aot': each rank falls back to torch.compile, in one line (the engine "
                              "differentiates the owned atoms' energy, which a package cannot give)")
+    parser.add_argument("--no-tensor-input", action="store_true",
+                        help="build each step's input through ase.Atoms and the adapter's pipeline (default: from "
+                             "the positions as tensors on the model's device, where the adapter can)")
     parser.add_argument("--json", help="write thermo and per-rank stats here (rank 0)")
     args = parser.parse_args()
 
@@ -134,7 +137,8 @@ def main() -> None:
         options["cap_policy"] = args.cap_policy
     if args.aot:  # the engine differentiates the owned energy: each rank falls back, in one line
         options.update(compile_mode="aot", aot_build="foreground")
-    potential = Potential(lmp, model, adapter, ["C"], pad=not args.no_pad, backend=args.backend, **options)
+    potential = Potential(lmp, model, adapter, ["C"], pad=not args.no_pad, backend=args.backend,
+                          tensor_input=False if args.no_tensor_input else None, **options)
 
     thermo = []
 
@@ -156,6 +160,7 @@ def main() -> None:
     ranks = comm.gather({
         "graphs": stats.graphs, "growths": stats.growth_calls, "caps": stats.caps,
         "fits": [event.call for event in stats.fits],
+        "tensor_input": potential.evaluator.takes_tensors,
         "graphs_compiled": stats.graphs_compiled, "graphs_loaded": stats.graphs_loaded,
         "compile_s": stats.compile_seconds, "load_s": stats.load_seconds,
         "aot_compiled": stats.aot_compiled, "aot_loaded": stats.aot_loaded, "aot_checked": stats.aot_checked,

@@ -73,6 +73,7 @@ def test_two_ranks_match_one_rank_on_one_graph_each(tmp_path: pathlib.Path) -> N
     assert drift < 0.1 * abs(two["thermo"][-1]["pe"] - two["thermo"][0]["pe"]) + 1e-3
     for rank in two["ranks"]:
         assert rank["graphs"] == 1 + rank["growths"] and rank["growths"] == 0
+        assert rank["tensor_input"]  # the input built from the positions as tensors (vesin-torch, in the mace extra)
     assert two["ranks"][0]["caps"] == two["ranks"][1]["caps"]
     assert len(two["ranks"][0]["local"]) == STEPS + 1
 
@@ -322,3 +323,18 @@ def test_two_ranks_fit_the_same_tight_caps_on_the_same_step(tmp_path: pathlib.Pa
     for x, y in zip(ref["thermo"], tight["thermo"], strict=True):
         for key in ("pe", "etotal", "press"):
             assert y[key] == pytest.approx(x[key], rel=1e-8, abs=1e-10), (x["step"], key)
+
+
+@MACE
+def test_a_rank_builds_its_input_from_tensors_with_the_pipelines_numbers(tmp_path: pathlib.Path) -> None:
+    """Each rank's input comes from the local and ghost positions as tensors
+    (the adapter's ``tensor_input``, as in ASE and torch-sim; before: an
+    ``ase.Atoms`` through mace's CPU pipeline every step), with the
+    pipeline's numbers (``--no-tensor-input``)."""
+    steps = ("--steps", "4")
+    tensors, pipeline = _mpirun(tmp_path, 2, *steps), _mpirun(tmp_path, 2, *steps, "--no-tensor-input")
+    assert [r["tensor_input"] for r in tensors["ranks"]] == [True, True]
+    assert [r["tensor_input"] for r in pipeline["ranks"]] == [False, False]
+    for a, b in zip(pipeline["thermo"], tensors["thermo"], strict=True):
+        for key in ("pe", "etotal", "press"):
+            assert b[key] == pytest.approx(a[key], rel=1e-10, abs=1e-12), (a["step"], key)

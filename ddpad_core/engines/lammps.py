@@ -45,6 +45,7 @@ import torch
 from .._agreement import AgreementError, cap_agreement_over
 from .._evaluator import Evaluator, engine_wrap_options
 from .._stats import Stats
+from .._structures import Structures
 from .._version import install_command
 from .._registry import resolve_adapter
 
@@ -104,6 +105,12 @@ class Potential:
         False compiles the model unpadded (to measure what padding saves:
         it recompiles as the per-rank counts change); with
         ``compile=False`` as well, the plain eager model (the baseline).
+    tensor_input
+        Build the model's input from the rank's positions as tensors on the
+        model's device (the adapter's ``tensor_input``, as the other engines
+        do): ``None`` where the adapter has one and its neighbour list
+        (vesin-torch) is installed, ``False`` through ``ase.Atoms`` and the
+        adapter's pipeline.
     exchange_timeout
         Seconds the per-step cap exchange waits for the other ranks before
         raising ``ddpad.AgreementError`` (which aborts the MPI job).
@@ -129,6 +136,7 @@ class Potential:
         layers: int | None = None,
         check_ghosts: bool = True,
         pad: bool = True,
+        tensor_input: bool | None = None,
         exchange_timeout: float = 600.0,
         **wrap_kwargs: Any,
     ) -> None:
@@ -157,8 +165,10 @@ class Potential:
         if check_ghosts:
             self._check_ghost_cutoff()
         compile = wrap_kwargs.pop("compile", True)
-        self.evaluator = Evaluator(model, self.adapter, pad=pad, compile=compile,
+        self.evaluator = Evaluator(model, self.adapter, pad=pad, compile=compile, tensor_input=tensor_input,
                                    **engine_wrap_options(wrap_kwargs, pad=pad, compile=compile))
+        self._device = next(model.parameters()).device
+        self._numbers: tuple[np.ndarray, torch.Tensor] | None = None  # the last step's, while they stay
         runner = self.evaluator.wrapped if pad else self.evaluator.unpadded
         self._stats = runner.stats if runner is not None else Stats()
         if runner is None:  # pad=False, compile=False: the plain eager model, its graph kept (this differentiates)
@@ -293,12 +303,26 @@ class Potential:
             time.sleep(0.0002)
         return maxed.tolist()
 
+    def _input(self, x_all: np.ndarray, numbers: np.ndarray) -> Any:
+        """The model's input for the local and ghost atoms (one system, no
+        cell: ghosts are explicit images), from tensors where the adapter
+        builds from them; the numbers tensor is the last step's while the
+        atoms stay, so the composition is checked when they change."""
+        if not self.evaluator.takes_tensors:
+            from ase import Atoms
+
+            return self.evaluator.build(Atoms(numbers=numbers, positions=x_all, pbc=False))
+        kept = self._numbers
+        if kept is None or not np.array_equal(kept[0], numbers):
+            kept = self._numbers = (numbers.copy(), torch.as_tensor(numbers, dtype=torch.long, device=self._device))
+        positions = torch.as_tensor(x_all, dtype=torch.float64, device=self._device)
+        cell = torch.zeros(3, 3, dtype=torch.float64, device=self._device)
+        return self.evaluator.build_tensors(Structures(positions, kept[1], cell, False))
+
     def _evaluate(self, x_all: np.ndarray, numbers: np.ndarray, n_local: int) -> tuple[float, np.ndarray]:
         """Energy of the ``n_local`` owned atoms, and its negative gradient
         for every local and ghost atom."""
-        from ase import Atoms
-
-        data = self.evaluator.build(Atoms(numbers=numbers, positions=x_all, pbc=False))
+        data = self._input(x_all, numbers)
         key = self.adapter.engine.positions_key
         positions = data[key].detach().requires_grad_(True)
         data[key] = positions
