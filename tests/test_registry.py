@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 import json
 import os
@@ -52,6 +53,14 @@ def test_builtin_missing_package_names_the_extra(name: str) -> None:
     # installed (in that adapter's own environment): get() works and is cached
     else:
         assert adapters.get(name) is adapters.get(name)
+
+
+def test_every_builtin_adapter_builds_from_tensors() -> None:
+    """The README's "every adapter has a tensor path": each built-in record
+    declares ``tensor_input`` (read from its module, without its package)."""
+    names = ["mace", "uma", "aimnet2", "sevennet", "nequip", "allegro", "orb", "mattersim"]
+    missing = [n for n in names if importlib.import_module(f"ddpad.adapters.{n}").ADAPTER.engine.tensor_input is None]
+    assert missing == []
 
 
 def _toy_adapter(name: str) -> Adapter:
