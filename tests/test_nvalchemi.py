@@ -138,13 +138,13 @@ def test_two_ranks_equal_single_process_with_one_graph(tmp_path: pathlib.Path) -
     assert ranks[0][0]["graphs"] == ranks[1][0]["graphs"]
 
 
-def _nve_worker(rank: int, world: int, compile: bool) -> dict:
+def _nve_worker(rank: int, world: int, compile: bool, cap_policy: str | None = None) -> dict:
     from nvalchemi.distributed import DomainParallel
     from nvalchemi.dynamics.integrators.nve import NVE
 
     wrapper, batch = _build(seed=1, drift=0.1)  # 0.1 A/fs along x: atoms cross domains
     _mesh, config = _mesh_and_config(world, compile=compile)
-    padder = BatchPadder(wrapper.cutoff)
+    padder = BatchPadder(wrapper.cutoff, cap_policy=cap_policy)
     md = DomainParallel(NVE(wrapper, dt=0.5), config)
     with use_padder(wrapper, padder):
         local = md.partition(batch if rank == 0 else None)
@@ -161,6 +161,7 @@ def _nve_worker(rank: int, world: int, compile: bool) -> dict:
             graphs.append(padder.stats.graphs)
     growth_calls = sorted({g.call for g in padder.stats.growths})
     return {"energies": energies, "owned": owned, "caps": caps, "graphs": graphs,
+            "fit_calls": sorted({f.call for f in padder.stats.fits}),
             "growth_calls": growth_calls, "graphs_by_call": {str(k): v for k, v in padder.stats.graphs_by_call.items()},
             "collectives": padder.collectives, "pads": padder.stats.calls + 1}
 
@@ -182,6 +183,48 @@ def test_domain_parallel_nve_with_migration_stays_on_one_graph(tmp_path: pathlib
         assert compile_calls <= {0, *rank["growth_calls"]}
         assert rank["collectives"] == rank["pads"] == STEPS + 1  # + the priming forward
     assert padded[0]["graphs"] == padded[1]["graphs"]
+
+
+@pytest.mark.slow
+def test_tight_caps_fit_on_the_same_pad_on_every_rank(tmp_path: pathlib.Path) -> None:
+    """``BatchPadder(cap_policy="tight")`` (the default once a compile store
+    is bound): the caps are fitted to the first pads' needs, agreed over the
+    ranks, so both ranks fit the same caps on the same pad and compile once
+    more there; the energies are the head-room run's (before: head-room caps
+    only)."""
+    headroom = run_ranks(_nve_worker, 2, tmp_path / "headroom", True, timeout=420)
+    tight = run_ranks(_nve_worker, 2, tmp_path / "tight", True, "tight", timeout=420)
+    for rank in range(2):
+        np.testing.assert_allclose(tight[rank]["energies"], headroom[rank]["energies"], rtol=0, atol=1e-10)
+    a, b = tight
+    assert a["fit_calls"] == b["fit_calls"] and len(a["fit_calls"]) == 1 and a["caps"] == b["caps"]
+    fit = a["fit_calls"][0]
+    assert all(x <= y for x, y in zip(a["caps"][fit].values(), headroom[0]["caps"][fit].values()))
+    assert a["caps"][fit] != headroom[0]["caps"][fit]
+    for rank in tight:
+        assert {int(k) for k in rank["graphs_by_call"]} <= {0, fit, *rank["growth_calls"]}
+    assert headroom[0]["fit_calls"] == []
+
+
+def test_a_bad_cap_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="cap_policy must be 'tight', 'headroom', a TightPolicy or None"):
+        BatchPadder(R_MAX, cap_policy="snug")
+
+
+def test_caps_are_tight_by_default_once_inductor_compiles_into_a_store(tmp_path: pathlib.Path) -> None:
+    """As ``ddpad.wrap``'s ``cap_policy=None``: tight where the fit's compile
+    is kept (Inductor into a compile store), head room elsewhere."""
+    wrapper = _wrapper()
+    assert not BatchPadder(R_MAX).tight
+    stored = BatchPadder(R_MAX)
+    stored.compile_kwargs("inductor", compile_cache=tmp_path, model=wrapper)
+    assert stored.tight
+    unstored = BatchPadder(R_MAX)
+    unstored.compile_kwargs("aot_eager", compile_cache=tmp_path, model=wrapper)
+    assert not unstored.tight
+    kept = BatchPadder(R_MAX, cap_policy="headroom")
+    kept.compile_kwargs("inductor", compile_cache=tmp_path, model=wrapper)
+    assert not kept.tight
 
 
 def _agreed_worker(rank: int, world: int) -> dict:

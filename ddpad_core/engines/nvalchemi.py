@@ -38,11 +38,12 @@ import torch
 from torch import Tensor
 
 from .._agreement import Agreement, cap_agreement_group
-from .._capacity import CapPolicy, CapScope, ScopedCaps, resolutions
+from .._capacity import CapPolicy, CapScope, ScopedCaps, TightCaps, TightPolicy, resolutions
 from .._compile import counting_backend
 from .._padders import COOPadder
 from .._protocol import GraphPadder
 from .._stats import Stats
+from .._store import storable
 from .._version import install_command
 
 __all__ = ["AgreedPadder", "BatchPadder", "gloo_exchange", "spec_with_padder", "use_padder"]
@@ -95,17 +96,42 @@ def _agreement(group: Any, device: torch.device | str | None) -> Iterator[Agreem
         yield agreement
 
 
-class _Accounting:
-    """Stats of the pads: calls, caps, growths, fill, collectives; and a
-    counting compile backend for the engine's own ``torch.compile``."""
+CapPolicyName = Any  # "tight", "headroom", a TightPolicy or None
 
-    def __init__(self, group: Any, device: torch.device | str | None) -> None:
+
+class _Accounting:
+    """Stats of the pads: calls, caps, growths, fits, fill, collectives; a
+    counting compile backend for the engine's own ``torch.compile``; and the
+    caps' sizing (``cap_policy``, as :func:`ddpad.wrap`'s: ``"tight"`` fits
+    them to the needs of the first pads, agreed over the ranks, so every rank
+    fits the same caps on the same pad; ``None``: tight once
+    :meth:`compile_kwargs` bound a compile store, where the fit's one more
+    compile is found again by the next process)."""
+
+    def __init__(self, group: Any, device: torch.device | str | None, cap_policy: CapPolicyName = None) -> None:
+        if cap_policy is not None and not isinstance(cap_policy, TightPolicy) \
+                and cap_policy not in ("tight", "headroom"):
+            raise ValueError(f"ddpad: cap_policy must be 'tight', 'headroom', a TightPolicy or None (tight once a "
+                             f"compile store is bound), got {cap_policy!r}")
         self.group = group
         self.device = device
         self.stats = Stats()
         #: all-reduces issued by this padder's cap agreement (one per pad)
         self.collectives = 0
         self._pads = 0
+        self._policy = cap_policy
+        self._sizer: TightCaps | None = self._tight(cap_policy)
+
+    @property
+    def tight(self) -> bool:
+        """Whether the caps are fitted to the needs (``cap_policy``)."""
+        return self._sizer is not None
+
+    @staticmethod
+    def _tight(policy: CapPolicyName) -> TightCaps | None:
+        if isinstance(policy, TightPolicy):
+            return TightCaps(policy)
+        return TightCaps(TightPolicy()) if policy == "tight" else None
 
     def compile_kwargs(self, backend: str = "inductor", *, compile_cache: str | os.PathLike[str] | None = None,
                        model: torch.nn.Module | None = None, **options: Any) -> dict[str, Any]:
@@ -114,22 +140,32 @@ class _Accounting:
         (``stats.graphs_by_call`` is keyed by this padder's pad count).
         With ``compile_cache`` (and the ``model`` compiled, for its key) the
         graphs go through a compile store: the ranks sharing it compile each
-        graph once (one compiles, the others wait and load)."""
+        graph once (one compiles, the others wait and load), and under
+        ``cap_policy=None`` the caps are tight from then on."""
+        if compile_cache is not None and storable(backend) and self._policy is None and self._sizer is None \
+                and self._pads == 0:
+            self._sizer = TightCaps(TightPolicy())
         return {"backend": counting_backend(self.stats, backend, compile_cache=compile_cache, model=model, **options)}
 
     @contextlib.contextmanager
     def _accounted(self, cap_state: dict[str, int]) -> Iterator[ScopedCaps]:
         """The pad's caps, agreed, with a scope that records what they resolved
         (``cap_state``, the framework's, is grown when the pad succeeds)."""
-        caps = ScopedCaps(cap_state, CapScope())
+        sizer = self._sizer
+        caps = ScopedCaps(cap_state, CapScope(sizer=sizer))
         with _agreement(self.group, self.device) as agreement:
             self.stats.calls = self._pads  # compiles in the coming forward land here
             yield caps
         cap_state.update(caps)
         self._pads += 1
         self.collectives += agreement.collectives if agreement is not None else 0
-        resolved = resolutions(caps.scope.rows)
-        self.stats.record_call(self.stats.calls, resolved, {**self.stats.caps, **{r.key: r.cap for r in resolved}})
+        rows = caps.scope.rows
+        fitted = False
+        if sizer is not None and (not sizer.settled or any(r.old != r.cap for r in rows)):
+            fitted = sizer.observe(rows)  # (the rows' needs are agreed: every rank fits on the same pad)
+        resolved = resolutions(rows)
+        self.stats.record_call(self.stats.calls, resolved, {**self.stats.caps, **{r.key: r.cap for r in resolved}},
+                               fitted)
 
 
 class BatchPadder(_Accounting):
@@ -155,6 +191,12 @@ class BatchPadder(_Accounting):
     atoms_policy, edges_policy
         Cap policies of the ``"atoms"`` and ``"edges"`` keys (ddpad's COO
         defaults).
+    cap_policy
+        ``"tight"``: the caps are fitted to the needs of the first pads
+        (agreed over the ranks: every rank fits on the same pad, one compile
+        more); ``"headroom"``: the policies' head room; ``None`` (default):
+        tight once :meth:`compile_kwargs` bound a compile store (the fit's
+        compile is then found again by the next process), else head room.
     """
 
     def __init__(
@@ -166,8 +208,9 @@ class BatchPadder(_Accounting):
         dead_length: float | None = None,
         atoms_policy: CapPolicy | None = None,
         edges_policy: CapPolicy | None = None,
+        cap_policy: CapPolicyName = None,
     ) -> None:
-        super().__init__(group, device)
+        super().__init__(group, device, cap_policy)
         policies: dict[str, Any] = {}
         if atoms_policy is not None:
             policies["atoms_policy"] = atoms_policy
