@@ -245,6 +245,13 @@ class TightCaps:
         self.settled = self.settled or settles
         return settles
 
+    def observe_call(self, rows: Sequence[Any]) -> bool:
+        """:meth:`observe` a successful call's rows where they matter: while
+        the caps settle, or when a cap changed; True on the call that fits."""
+        if self.settled and all(r.old == r.cap for r in rows):
+            return False
+        return self.observe(rows)
+
     def refit(self, key: str) -> None:
         """``key``'s cap shrank to a fit: its growths start over."""
         self.growths.pop(key, None)

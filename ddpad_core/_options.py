@@ -12,8 +12,26 @@ from ._shrink import ShrinkPolicy
 from ._store import CompileStore
 from ._strict import OnRecompile
 
-__all__ = ["WrapOptions"]
+__all__ = ["WrapOptions", "check_cap_policy", "tight_sizing"]
 
+
+
+def check_cap_policy(policy: Any) -> None:
+    """``cap_policy`` is ``"tight"``, ``"headroom"``, a :class:`TightPolicy`
+    or None, else a ``ValueError``."""
+    if policy is not None and not isinstance(policy, TightPolicy) and policy not in ("tight", "headroom"):
+        raise ValueError(f"ddpad: cap_policy must be 'tight', 'headroom', a TightPolicy or None (tight where "
+                         f"growth is cheap), got {policy!r}")
+
+
+def tight_sizing(policy: Any, cheap: bool) -> TightPolicy | None:
+    """The tight sizing ``cap_policy`` asks for, or None for the padders' own
+    head room; ``None`` asks for tight where a growth is ``cheap``."""
+    if isinstance(policy, TightPolicy):
+        return policy
+    if policy is None:
+        return TightPolicy() if cheap else None
+    return TightPolicy() if policy == "tight" else None
 
 @dataclasses.dataclass(frozen=True)
 class WrapOptions:
@@ -60,20 +78,11 @@ class WrapOptions:
         compile rungs before they are needed. Elsewhere (a plain compile, no
         store) each growth is a full compile in this process that nothing
         reuses, and the head room is kept."""
-        policy = self.cap_policy
-        if isinstance(policy, TightPolicy):
-            return policy
-        if policy is None:
-            cheap = (not self.compile or store_bound or self.background_compile is not None
-                     or self.warm_ladder > 0)
-            return TightPolicy() if cheap else None
-        return TightPolicy() if policy == "tight" else None
+        cheap = not self.compile or store_bound or self.background_compile is not None or self.warm_ladder > 0
+        return tight_sizing(self.cap_policy, cheap)
 
     def __post_init__(self) -> None:
-        if self.cap_policy is not None and not isinstance(self.cap_policy, TightPolicy) \
-                and self.cap_policy not in ("tight", "headroom"):
-            raise ValueError(f"cap_policy must be 'tight', 'headroom', a TightPolicy or None (tight where "
-                             f"growth is cheap), got {self.cap_policy!r}")
+        check_cap_policy(self.cap_policy)
         if self.compile_mode not in ("dynamo", "aot"):
             raise ValueError(f"compile_mode must be 'dynamo' (torch.compile) or 'aot' (ahead-of-time packages), "
                              f"got {self.compile_mode!r}")

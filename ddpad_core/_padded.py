@@ -225,9 +225,7 @@ class PaddedModel(torch.nn.Module):
         new_form = self.manager.note(step)  # the route that ran these caps and call form (before a warm or shrink)
         if measure:
             self._derive_ceilings(data)
-        fitted = False
-        if sizer is not None and (not sizer.settled or any(r.old != r.cap for r in rows)):
-            fitted = sizer.observe(rows)  # True on the one call that fits the caps
+        fitted = sizer is not None and sizer.observe_call(rows)  # True on the one call that fits the caps
         # the ladder climbs from the first call's caps, or from the fitted ones under a tight sizing
         if options.warm_ladder and (fitted or (index == 0 and (sizer is None or sizer.settled))):
             self._warm(data, args, kwargs, resolutions(rows))

@@ -107,8 +107,7 @@ class Calculator(_AseCalculator):
         key = (atoms.numbers.copy(), atoms.pbc.copy(), _copy(atoms.arrays.get("mol_id")) if self._molecules else None,
                atoms.info.get("charge", 0.0))
         c = self._composition
-        if c is None or not all(a is b or (a is not None and b is not None and np.array_equal(a, b))
-                                for a, b in zip(c[0], key)):
+        if c is None or not all(np.array_equal(a, b) for a, b in zip(c[0], key)):  # (None equals only None)
             c = self._composition = (key, Structures.from_atoms(atoms, device=self._device, molecules=self._molecules))
         known = c[1]
         as_tensor = functools.partial(torch.as_tensor, dtype=torch.float64, device=self._device)

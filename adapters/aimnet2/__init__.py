@@ -186,8 +186,7 @@ def tensor_input(model: torch.nn.Module, *, calculator: Any = None) -> Any:
     the same. Per composition the checks (elements the model knows, finite
     positions, no periodic system); per step no host work but aimnet's."""
     calculator = calculator if calculator is not None else _calculator(model)
-    implemented = set((getattr(calculator, "metadata", None) or {}).get("implemented_species") or [])
-    known = frozenset(z for z in range(1, max_number(model) + 1) if not implemented or z in implemented)
+    known = _known_numbers(max_number(model), calculator)
     dtype = next(model.parameters()).dtype
     state: dict[str, Any] = {}
 
@@ -218,11 +217,23 @@ def max_number(model: torch.nn.Module) -> int:
     return min(sizes) - 1 if sizes else 118
 
 
+def _implemented(calculator: Any) -> list[int]:
+    """The elements the model's metadata says it implements ([]: unsaid)."""
+    return (getattr(calculator, "metadata", None) or {}).get("implemented_species") or []
+
+
+def _known_numbers(limit: int, calculator: Any) -> frozenset[int]:
+    """The atomic numbers the model has parameters for (1..``limit``, those
+    it implements where its metadata says)."""
+    implemented = _implemented(calculator)
+    return frozenset(z for z in range(1, limit + 1) if not implemented or z in implemented)
+
+
 def _check_numbers(numbers: set[int], limit: int, calculator: Any) -> None:
     """Reject elements the model has no parameters for: an index past an
     embedding table aborts the process under inductor (no Python error)."""
-    implemented = (getattr(calculator, "metadata", None) or {}).get("implemented_species") or []
-    bad = sorted(z for z in numbers if z < 1 or z > limit or (implemented and z not in implemented))
+    implemented = _implemented(calculator)
+    bad = sorted(numbers - _known_numbers(limit, calculator))
     if bad:
         known = f"implemented_species {sorted(implemented)}" if implemented else f"atomic numbers 1..{limit}"
         raise ValueError(f"atomic numbers {bad} are not known to this AIMNet2 model ({known})")

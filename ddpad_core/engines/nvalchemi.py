@@ -38,8 +38,9 @@ import torch
 from torch import Tensor
 
 from .._agreement import Agreement, cap_agreement_group
-from .._capacity import CapPolicy, CapScope, ScopedCaps, TightCaps, TightPolicy, resolutions
+from .._capacity import CapPolicy, CapScope, ScopedCaps, TightCaps, resolutions
 from .._compile import counting_backend
+from .._options import check_cap_policy, tight_sizing
 from .._padders import COOPadder
 from .._protocol import GraphPadder
 from .._stats import Stats
@@ -109,10 +110,7 @@ class _Accounting:
     compile is found again by the next process)."""
 
     def __init__(self, group: Any, device: torch.device | str | None, cap_policy: CapPolicyName = None) -> None:
-        if cap_policy is not None and not isinstance(cap_policy, TightPolicy) \
-                and cap_policy not in ("tight", "headroom"):
-            raise ValueError(f"ddpad: cap_policy must be 'tight', 'headroom', a TightPolicy or None (tight once a "
-                             f"compile store is bound), got {cap_policy!r}")
+        check_cap_policy(cap_policy)
         self.group = group
         self.device = device
         self.stats = Stats()
@@ -120,18 +118,21 @@ class _Accounting:
         self.collectives = 0
         self._pads = 0
         self._policy = cap_policy
-        self._sizer: TightCaps | None = self._tight(cap_policy)
+        self._sizer: TightCaps | None = None
+        self._size(cheap=False)
 
     @property
     def tight(self) -> bool:
         """Whether the caps are fitted to the needs (``cap_policy``)."""
         return self._sizer is not None
 
-    @staticmethod
-    def _tight(policy: CapPolicyName) -> TightCaps | None:
-        if isinstance(policy, TightPolicy):
-            return TightCaps(policy)
-        return TightCaps(TightPolicy()) if policy == "tight" else None
+    def _size(self, cheap: bool) -> None:
+        """Size the caps as ``cap_policy`` says, ``None`` tight where a growth
+        is ``cheap`` (a compile store keeps the fit's compile); before the
+        first pad only."""
+        policy = tight_sizing(self._policy, cheap)
+        if policy is not None and self._sizer is None and self._pads == 0:
+            self._sizer = TightCaps(policy)
 
     def compile_kwargs(self, backend: str = "inductor", *, compile_cache: str | os.PathLike[str] | None = None,
                        model: torch.nn.Module | None = None, **options: Any) -> dict[str, Any]:
@@ -142,9 +143,7 @@ class _Accounting:
         graphs go through a compile store: the ranks sharing it compile each
         graph once (one compiles, the others wait and load), and under
         ``cap_policy=None`` the caps are tight from then on."""
-        if compile_cache is not None and storable(backend) and self._policy is None and self._sizer is None \
-                and self._pads == 0:
-            self._sizer = TightCaps(TightPolicy())
+        self._size(cheap=compile_cache is not None and storable(backend))
         return {"backend": counting_backend(self.stats, backend, compile_cache=compile_cache, model=model, **options)}
 
     @contextlib.contextmanager
@@ -160,9 +159,7 @@ class _Accounting:
         self._pads += 1
         self.collectives += agreement.collectives if agreement is not None else 0
         rows = caps.scope.rows
-        fitted = False
-        if sizer is not None and (not sizer.settled or any(r.old != r.cap for r in rows)):
-            fitted = sizer.observe(rows)  # (the rows' needs are agreed: every rank fits on the same pad)
+        fitted = sizer is not None and sizer.observe_call(rows)  # (needs agreed: every rank fits on the same pad)
         resolved = resolutions(rows)
         self.stats.record_call(self.stats.calls, resolved, {**self.stats.caps, **{r.key: r.cap for r in resolved}},
                                fitted)
