@@ -48,10 +48,9 @@ from ._compile import run_step
 from ._noise import quiet_warnings
 from ._stats import Stats
 from ._store import CompileStore, _digest, model_fingerprint
-from ._verify import check, fresh
 from ._weights import Watch, packages_key
 
-__all__ = ["AotRoute", "Refused", "package_form"]
+__all__ = ["Call", "Packages", "Refused", "differentiable", "first_line", "form_of", "package_form"]
 
 log = logging.getLogger("ddpad")
 
@@ -85,7 +84,7 @@ class _Package:
 
 
 @dataclass
-class _Call:
+class Call:
     """One call's inputs, flattened: its tensors (the package's inputs), the
     flat leaves and tree they came from, and its constants (every leaf that
     is not a tensor: part of the package's key, baked into its graph)."""
@@ -96,7 +95,7 @@ class _Call:
     constants: tuple[Any, ...]
 
     @classmethod
-    def of(cls, padded: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> _Call:
+    def of(cls, padded: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Call:
         flat, spec = pytree.tree_flatten((padded, args, dict(kwargs)))
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         constants = tuple(("tensor" if isinstance(x, torch.Tensor) else repr(x)) for x in flat)
@@ -108,7 +107,7 @@ class _Call:
         return pytree.tree_unflatten([next(it) if isinstance(x, torch.Tensor) else x for x in self.flat], self.spec)
 
 
-def _form(one: _Call) -> tuple[Any, ...]:
+def form_of(one: Call) -> tuple[Any, ...]:
     """What selects a package: every tensor's dtype, shape and device and the
     call's constants (a tuple: hashed per call, cheaply)."""
     return (*((t.dtype, t.shape, t.device) for t in one.tensors), one.constants)
@@ -116,7 +115,7 @@ def _form(one: _Call) -> tuple[Any, ...]:
 
 def package_form(padded: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
     """What selects a package for this call (see :func:`_form`)."""
-    return _form(_Call.of(padded, args, kwargs))
+    return form_of(Call.of(padded, args, kwargs))
 
 
 def _signature(form: tuple[Any, ...]) -> str:
@@ -124,7 +123,7 @@ def _signature(form: tuple[Any, ...]) -> str:
     return hashlib.sha256(repr(form).encode()).hexdigest()[:24]
 
 
-def _differentiable(data: Any) -> bool:
+def differentiable(data: Any) -> bool:
     """Whether the caller's own input asks for a graph back (a tensor that
     requires grad: the caller differentiates what the model returns),
     tensors held by a plain object's attributes included (fairchem's
@@ -162,42 +161,36 @@ class _ModuleState:
                 tensor.requires_grad_(flag)
 
 
-class AotRoute:
-    """One wrapped model's packages: built or loaded per (caps, call form),
-    checked once against the eager step, refused forms remembered.
+class Packages:
+    """One wrapped model's packages (one per caps and call form): keyed,
+    loaded from the store or built, run, set aside. What became of each key
+    (ready, building, checked, refused) is the compile manager's record; the
+    package route (:class:`~ddpad._routes.PackageRoute`) asks this for the
+    packages themselves.
 
     Parameters
     ----------
     model, call, dynamo_config
         The model and the adapter's step (as :func:`~ddpad._compile.run_step` takes them).
     stats
-        Where packages built / loaded / checked / refused are counted.
+        Where packages built / loaded / checked are counted.
     store, model_key
         The compile store and a function giving the model's key in it (the
         architecture and hyper-parameters as they now are; None: packages
         live in this process only).
-    verify
-        Check each package's first call against the eager step (``wrap``'s
-        ``verify``).
     """
 
     def __init__(self, model: torch.nn.Module, call: Callable[..., Any] | None, dynamo_config: Mapping[str, Any],
-                 stats: Stats, store: CompileStore | None = None, model_key: Callable[[], str] | None = None,
-                 verify: bool = True) -> None:
+                 stats: Stats, store: CompileStore | None = None, model_key: Callable[[], str] | None = None) -> None:
         self.model = model
         self.call = call
         self.dynamo_config = dict(dynamo_config)
         self.stats = stats
         self.store = store
         self.model_key = model_key
-        self.verify = verify
         self.watch = Watch(model)
         self.key = self._key()
-        self.packages: dict[tuple[Any, ...], _Package] = {}  # by _form
-        self.refused: dict[tuple[Any, ...], str] = {}  # call form -> why
-        self.weights_bound: set[tuple[Any, ...]] = set()  # ... refused for its package's numbers: these weights only
-        self.waiting: set[tuple[Any, ...]] = set()  # forms whose package another process builds
-        self.differentiated: set[tuple[Any, ...]] = set()  # forms a differentiating caller called (said once)
+        self.loaded: dict[tuple[Any, ...], _Package] = {}  # by (self.key, _form)
         # Inductor options of the builds (none: benchmarks/aot_options.py measured none that pays on a CPU;
         # not part of the store's key: set only where packages go to a store of their own)
         self.inductor_options: dict[str, Any] = {}
@@ -208,119 +201,67 @@ class AotRoute:
         architecture = self.model_key() if self.model_key is not None else _digest(model_fingerprint(self.model))[:32]
         return packages_key(architecture, self.model)
 
-    def run(self, padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any], data: Any,
-            fallback: Callable[[], Any], elsewhere: Callable[[str], str | None] | None = None,
-            caps: Mapping[str, int] | None = None) -> Any:
-        """The step at ``padded``'s caps (``caps``, for the messages) through
-        its package; ``fallback()`` (the ``torch.compile`` path) where the
-        route cannot take it, and while ``elsewhere`` (given a package's build
-        name: None while it is built in another process, ``""`` once built,
-        else why not) builds it."""
+    def rebind(self) -> str | None:
+        """Re-key the packages if the model changed since they were keyed (its
+        weights or hyper-parameters: a package holds them); the old key when
+        the key changed (its packages are dropped), else None."""
         changed = self.watch.changed()
-        if changed is not None:
-            self._rebind(changed)
-        one = _Call.of(padded, args, kwargs)
-        key = _form(one)
-        if _differentiable(data):  # every call, built or not: a package returns plain tensors
-            self._differentiated(one.constants)
-            return fallback()
-        package = self.packages.get(key)
-        if package is not None:
-            return package(one.tensors)
-        form = one.constants
-        if form in self.refused:
-            return fallback()
-        try:
-            signature = _signature(key)
-            path = self.store.entry(self.key, f"aot-{signature}") if self.store is not None else None
-            if path is not None:
-                earlier = self.store.refusal(path)  # type: ignore[union-attr]
-                if earlier is not None:
-                    raise Refused(f"a package of these caps was refused before ({earlier}); remove "
-                                  f"{path.with_suffix('.refused.txt')} to build it again")
-                if elsewhere is not None and (key in self.waiting or not path.exists()):
-                    self.waiting.add(key)
-                    why = elsewhere(f"{self.key}/aot-{signature}")
-                    if why is None:  # still building: this process runs torch.compile meanwhile
-                        return fallback()
-                    self.waiting.discard(key)
-                    if why:
-                        raise Refused(why, said=True)
-            package = self._obtain(one, signature, path)
-        except Refused as exc:
-            self._refuse(form, str(exc), said=exc.said)
-            return fallback()
-        before = fresh(padded) if self.verify else padded
-        try:
-            out = package(one.tensors)
-        except Exception as exc:  # noqa: BLE001 - a package that fails must not stop the run
-            self._discard(form, package, f"its package at caps {dict(caps) if caps else '?'} raised on its first "
-                                         f"call ({type(exc).__name__}: {_first_line(exc)})")
-            return fallback()
-        if not self.verify:
-            self.packages[key] = package
-            return out
-        ref, mismatch = check(self.stats, self.model, out, lambda: self._eager(before, args, kwargs))
-        if mismatch is not None:
-            self._discard(form, package, f"its package at caps {dict(caps) if caps else '?'} disagrees with the "
-                                         f"eager step ({mismatch}; a compiler bug: report it to PyTorch)")
-            return ref
-        self.stats.aot_checked += 1
-        self.packages[key] = package
-        self.watch.mark()  # (what the check's eager step wrote into the model is not the user's change)
-        return out
-
-    def _rebind(self, why: str) -> None:
-        """The model changed since the route was keyed: re-key it (the same
-        key, values written back unchanged: nothing to do) and drop the
-        packages of the model as it was."""
+        if changed is None:
+            return None
         self.watch.mark()
-        key = self._key()
-        if key == self.key:
-            return
+        key, old = self._key(), self.key
+        if key == old:  # (values written back unchanged)
+            return None
         self.key = key
-        self.packages.clear()
-        self.waiting.clear()
-        for form in self.weights_bound:
-            self.refused.pop(form, None)
-        self.weights_bound.clear()
+        self.loaded.clear()
         log.warning("ddpad: the model changed since its ahead-of-time packages were built (%s): the packages of "
-                    "the model as it now is are %s", why,
+                    "the model as it now is are %s", changed,
                     "loaded from the store or built" if self.store is not None else "built")
+        return old
 
-    def _differentiated(self, form: tuple[Any, ...]) -> None:
-        """A caller who differentiates the outputs: this call runs the
-        fallback (said and counted once per call form); the form's package
-        still serves the calls that do not."""
-        if form in self.differentiated:
-            return
-        self.differentiated.add(form)
-        self.stats.aot_refused += 1
-        log.warning("ddpad: compile_mode='aot' falls back to torch.compile for each call where the caller "
-                    "differentiates the returned outputs (an input requires grad): a package returns plain tensors")
+    def obtain(self, key: tuple[Any, ...], one: Call, elsewhere: Callable[[str], str | None] | None = None,
+               building: bool = False) -> bool:
+        """Load or build the package of ``key`` (``(self.key, form, ...)``); False
+        while ``elsewhere`` (given its build name: None while another process
+        builds it, ``""`` once built, else why not) builds it (``building``:
+        it was building on an earlier call). :class:`Refused` where it cannot."""
+        signature = _signature(key[1])
+        path = self.store.entry(self.key, f"aot-{signature}") if self.store is not None else None
+        if path is not None:
+            earlier = self.store.refusal(path)  # type: ignore[union-attr]
+            if earlier is not None:
+                raise Refused(f"a package of these caps was refused before ({earlier}); remove "
+                              f"{path.with_suffix('.refused.txt')} to build it again")
+            if elsewhere is not None and (building or not path.exists()):
+                why = elsewhere(f"{self.key}/aot-{signature}")
+                if why is None:  # still building: this process runs torch.compile meanwhile
+                    return False
+                if why:
+                    raise Refused(why, said=True)
+        self.loaded[key] = self._obtain(one, signature, path)
+        return True
 
-    def _refuse(self, form: tuple[Any, ...], reason: str, said: bool = False) -> None:
-        self.refused[form] = reason
-        self.stats.aot_refused += 1
-        if not said:
-            log.warning("ddpad: compile_mode='aot' falls back to torch.compile for this call form: %s", reason)
+    def run(self, key: tuple[Any, ...], one: Call) -> Any:
+        """The loaded package of ``key`` on the call's tensors."""
+        return self.loaded[key](one.tensors)
 
-    def _discard(self, form: tuple[Any, ...], package: _Package, reason: str) -> None:
+    def checked(self) -> None:
+        """A package's first call agreed with the eager step."""
+        self.stats.aot_checked += 1
+        self.watch.mark()  # (what the check's eager step wrote into the model is not the user's change)
+
+    def discard(self, key: tuple[Any, ...], reason: str) -> str:
         """A package that cannot be used: its entry moved aside (no process
-        uses, rebuilds or re-checks it), its form on ``torch.compile``."""
-        if package.path is not None and self.store is not None:
+        uses, rebuilds or re-checks it); ``reason`` with where it went."""
+        package = self.loaded.pop(key, None)
+        if package is not None and package.path is not None and self.store is not None:
             self.store.set_aside(package.path, "refused", reason, quiet=True)
             reason += f"; its store entry was moved aside to {package.path.with_suffix('.refused').name}"
-        self.weights_bound.add(form)
-        self._refuse(form, reason)
-
-    def _eager(self, padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The eager step on the padded input (what every check compares with)."""
-        return run_step(self.model, self.call, self.dynamo_config, padded, args, kwargs)
+        return reason
 
     # -- packages -------------------------------------------------------------
 
-    def _obtain(self, one: _Call, signature: str, path: Any) -> _Package:
+    def _obtain(self, one: Call, signature: str, path: Any) -> _Package:
         """The package of this signature: from the store entry ``path``, or
         built (under the entry's lock: one process builds, the others wait
         and load); built here only, without a store."""
@@ -355,13 +296,13 @@ class AotRoute:
             self.store.set_aside(path, "foreign", str(exc))
             return None
         except Exception as exc:  # noqa: BLE001 - a bad entry must never stop a run
-            self.store.set_aside(path, "corrupt", f"{type(exc).__name__}: {_first_line(exc)}")
+            self.store.set_aside(path, "corrupt", f"{type(exc).__name__}: {first_line(exc)}")
             return None
         self.stats.aot_loaded += 1
         self.stats.aot_load_seconds += time.perf_counter() - t0
         return _Package(runner, out_spec, path)
 
-    def _build(self, one: _Call, path: Any, entry: str) -> _Package:
+    def _build(self, one: Call, path: Any, entry: str) -> _Package:
         """Trace (fake), export, compile with AOTInductor; the package names
         ``entry`` in its metadata and is saved to ``path`` (when given) before
         it first runs. The model's state is put back whatever the trace did."""
@@ -384,7 +325,7 @@ class AotRoute:
         try:
             gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*tensors)
         except Exception as exc:  # noqa: BLE001 - a data-dependent branch, an untraceable op
-            raise Refused(f"tracing the step failed ({type(exc).__name__}: {_first_line(exc)})") from exc
+            raise Refused(f"tracing the step failed ({type(exc).__name__}: {first_line(exc)})") from exc
         finally:
             state.restore()
         try:
@@ -395,7 +336,7 @@ class AotRoute:
                 phases.append(time.perf_counter())
                 configs: dict[str, Any] = {**self.inductor_options,
                                            "aot_inductor.metadata": {_ENTRY: entry,
-                                                                     "ddpad.form": repr(_form(one))[:4000]}}
+                                                                     "ddpad.form": repr(form_of(one))[:4000]}}
                 if _scalar_constants(gm):
                     # Inductor inlines a 0-dim tensor constant as a number, which some of its lowerings
                     # cannot take (embedding, view: fairchem's DatasetEmbedding indexes with torch.tensor(0))
@@ -405,7 +346,7 @@ class AotRoute:
                         exported, package_path=os.path.join(tmp, "step.pt2"), inductor_configs=configs)
                     blob = _read(built)
         except Exception as exc:  # noqa: BLE001 - an op the exporter or AOTInductor refuses
-            raise Refused(f"exporting or compiling the step failed ({type(exc).__name__}: {_first_line(exc)})") from exc
+            raise Refused(f"exporting or compiling the step failed ({type(exc).__name__}: {first_line(exc)})") from exc
         out_spec = out_box[0]
         spec_bytes = pytree.treespec_dumps(out_spec).encode()
         saved = path is not None and self.store is not None and self.store.write(
@@ -486,6 +427,6 @@ def _read(path: str) -> bytes:
         return fh.read()
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else type(exc).__name__

@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._aot import AotRoute
+from ._aot import Packages, first_line
 from ._background import PACKAGE_BUILD, Background, PackageBuilds
 from ._capacity import CapResolution, TightCaps
-from ._compile import compile_model
 from ._ladder import Ladder
 from ._options import WrapOptions
-from ._routes import CompiledRoute, EagerRoute, Key, PackageRoute, RegionPackages, Route, SeamPackageRoute, Step
+from ._routes import (CompiledRoute, EagerRoute, Key, PackageRoute, Records, RegionPackages, Route,
+                      SeamPackageRoute, State, Step, part_key)
 from ._stats import Stats
 from ._store import CompileStore, StoreBinding, aot_binding, bind_store
-from ._verify import FirstUse
+from ._verify import check, fresh
 from ._warm import warm
 
 if TYPE_CHECKING:
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 __all__ = ["CompileManager", "Record"]
 
 log = logging.getLogger("ddpad")
+
+_REFUSED = object()  # a first use refused: the route below answers
 
 
 @dataclasses.dataclass
@@ -78,11 +80,13 @@ class CompileManager:
                  fitted: bool, seam: bool) -> None:
         self._owner = weakref.ref(owner)
         self.ladder = Ladder()
-        self.stats = Stats(caps=dict(caps), ladder=self.ladder)
-        self.records: dict[Key, Record] = {}
+        self.table = Records()  # by route and its key: what each route holds (ready, building, checked, refused)
+        self.stats = Stats(caps=dict(caps), ladder=self.ladder, records=self.table)
+        self.records: dict[Key, Record] = {}  # by caps and call form: the route that answered
+        self._model = model
         self.store_binding: StoreBinding | None = None
         self.background: Background | None = None
-        self.aot: AotRoute | None = None  # compile_mode="aot": packages first, torch.compile where refused
+        self.aot: Packages | None = None  # compile_mode="aot": packages first, torch.compile where refused
         self.package_builds: PackageBuilds | None = None  # packages built in worker processes
         opts = options
         if opts.compile and opts.compile_cache is not None:  # (None for a backend with nothing to store)
@@ -96,12 +100,9 @@ class CompileManager:
                 tight = dataclasses.replace(tight, settle=1)  # before the run, not in a stall ten steps in
             self.sizer = TightCaps(tight, settled=fitted)
         # every compiled graph's first call (per caps and call form) checked against the eager step
-        self.checks = FirstUse(self.stats, model) if opts.compile and opts.verify else None
-        self.route: Route = EagerRoute(model, call, dynamo_config)
-        if not opts.compile:
-            return
-        root = _store_root(opts.compile_cache)
-        if opts.background_compile is not None:
+        self.verify = opts.compile and opts.verify
+        if opts.compile and opts.background_compile is not None:
+            root = _store_root(opts.compile_cache)
             if adapter is None or root is None:
                 raise ValueError("ddpad: background_compile needs compile_cache= and an adapter (its workers "
                                  "compile into the store and rebuild the padder from the adapter)")
@@ -109,24 +110,34 @@ class CompileManager:
             self.background = Background(owner, self.ladder, root, float(opts.background_compile),
                                          opts.background_workers, opts.compile_kwargs, self.sizer,
                                          options=PACKAGE_BUILD if opts.compile_mode == "aot" else None)
-        seam_packages = self._seam_packages(model, call, dynamo_config, compile_region, opts, adapter) \
-            if opts.compile_mode == "aot" and seam else None
-        if seam_packages is not None:
-            self.route = seam_packages
-            return
-        if opts.compile_mode == "aot" and not seam:
+        self.route: Route = self._chain(owner, model, call, dynamo_config, compile_region, opts, adapter, seam)
+
+    def _chain(self, owner: Any, model: torch.nn.Module, call: Callable[..., Any] | None,
+               dynamo_config: Mapping[str, Any], region: Callable[..., Any] | None, opts: WrapOptions,
+               adapter: Adapter | None, seam: bool) -> Route:
+        """The top of the route chain the options ask for: eager; ``torch.compile``
+        (-> eager); packages (-> ``torch.compile`` -> eager), a model padding
+        at its own seam: its compile region's."""
+        if not opts.compile:
+            return EagerRoute(model, call, dynamo_config)
+        if opts.compile_mode == "aot" and seam:
+            seam_packages = self._seam_packages(model, call, dynamo_config, region, opts, adapter)
+            if seam_packages is not None:
+                return seam_packages
+        elif opts.compile_mode == "aot":
             self.aot = _packages(model, call, dynamo_config, self.stats, opts, adapter)
-        compiled = CompiledRoute(model, call, dynamo_config, self.stats, region=compile_region,
-                                 compile_kwargs=opts.compile_kwargs, binding=self.store_binding, checks=self.checks,
-                                 seam=seam, lazy=self.aot is not None)
-        self.route = compiled
-        if self.aot is not None:
-            elsewhere = None
-            if root is not None and _builds_elsewhere(opts, adapter):
-                self.package_builds = PackageBuilds(owner, root, opts.background_workers, opts.compile_kwargs,
-                                                    self.stats)
-                elsewhere = self._built_elsewhere
-            self.route = PackageRoute(self.aot, compiled, elsewhere)
+        compiled = CompiledRoute(model, call, dynamo_config, self.stats, region=region,
+                                 compile_kwargs=opts.compile_kwargs, binding=self.store_binding, seam=seam,
+                                 lazy=self.aot is not None)
+        if self.aot is None:
+            return compiled
+        elsewhere = None
+        root = _store_root(opts.compile_cache)
+        if root is not None and _builds_elsewhere(opts, adapter):
+            self.package_builds = PackageBuilds(owner, root, opts.background_workers, opts.compile_kwargs,
+                                                self.stats)
+            elsewhere = self._built_elsewhere
+        return PackageRoute(self.aot, compiled, self.table, elsewhere)
 
     def _seam_packages(self, model: torch.nn.Module, call: Callable[..., Any] | None,
                        dynamo_config: Mapping[str, Any], region: Callable[..., Any] | None, opts: WrapOptions,
@@ -142,12 +153,14 @@ class CompileManager:
         if opts.aot_build == "background":
             log.warning("ddpad: aot_build='background' is not taken by a model padding at its own seam: its "
                         "packages are built in this process, on the first call at new caps")
-        stats, binding, checks = self.stats, self.store_binding, self.checks
+        stats, binding, table = self.stats, self.store_binding, self.table
 
         def parts(part: torch.nn.Module) -> RegionPackages:
-            return RegionPackages(part, _packages(part, None, dynamo_config, stats, opts, adapter),
-                                  lambda: compile_model(part, stats, None, binding, **opts.compile_kwargs),
-                                  dynamo_config, checks)
+            compiled = CompiledRoute(part, None, dynamo_config, stats, region=None,
+                                     compile_kwargs=opts.compile_kwargs, binding=binding, seam=False, lazy=True,
+                                     keyed=part_key)
+            return RegionPackages(part, _packages(part, None, dynamo_config, stats, opts, adapter), compiled, table,
+                                  self.dispatch)
 
         route = SeamPackageRoute(model, call, region=region, parts=parts)
         self.aot = route.parts[0].packages if route.parts else None
@@ -156,8 +169,78 @@ class CompileManager:
     # -- the call path's side -----------------------------------------------------
 
     def run(self, step: Step) -> Any:
-        """The step's outputs, through the first route that takes it."""
-        return self.route.run(step)
+        """The step's outputs, through the first route of the chain that takes it."""
+        return self.dispatch(self.route, step)
+
+    def dispatch(self, route: Route, step: Step) -> Any:
+        """``step`` through ``route``, or the first route below it that takes
+        it: a key ready and checked only runs (nearly every call); a key's
+        first use builds or loads it (:meth:`Route.obtain`), runs it and
+        checks it against the eager step (:meth:`_first_use`); a key refused,
+        or building elsewhere, goes to the route below."""
+        table = self.table
+        while True:
+            key = route.key(step)
+            if key is not None:
+                state = table.states.get((route.name, key))
+                # nearly every call: a key that passed its check (or needs none) runs
+                if state is (State.CHECKED if self.verify and route.checked else State.READY) \
+                        and not route.late_key:
+                    return route.run(key, step)
+                if state is None or state is State.BUILDING:
+                    state = route.obtain(key, step, state is State.BUILDING)
+                    if state is not State.REFUSED:
+                        table.set(route.name, key, state)
+                if state is State.READY or state is State.CHECKED:
+                    out = self._first_use(route, key, step, state)
+                    if out is not _REFUSED:
+                        return out
+            fallback = route.fallback
+            assert fallback is not None  # (the eager route, at the bottom, takes every step)
+            route = fallback
+
+    def _first_use(self, route: Route, key: Hashable, step: Step, state: State) -> Any:
+        """Run ``key`` and, on its first use, check it against the eager step
+        on the same input (made before the run, in new containers: a model
+        may write into its input); a key that disagrees, or (a fallible
+        route's) raises, is refused and answered by the eager step or the
+        route below (``_REFUSED``). A late key (a model sizing caps at its
+        seam) is known after the run and checked then."""
+        checking = self.verify and route.checked
+        before = fresh(step.padded) if checking and state is not State.CHECKED else step.padded
+        try:
+            out = route.run(key, step)
+        except Exception as exc:
+            if not route.fallible or state is State.CHECKED:
+                raise
+            self._refuse(route, key, step, f"raised on its first call ({type(exc).__name__}: {first_line(exc)})")
+            return _REFUSED
+        if route.late_key:
+            key = route.key(step)
+            state = self.table.states.get((route.name, key))  # type: ignore[assignment]
+            if state is State.CHECKED:
+                return out
+            if state is State.REFUSED:
+                step.route = EagerRoute.name
+                return route.reference(step, before)
+        if not checking:
+            self.table.set(route.name, key, State.READY)
+            return out
+        ref, why = check(self.stats, self._model, out, lambda: route.reference(step, before))
+        if why is None:
+            self.table.set(route.name, key, State.CHECKED)
+            route.passed(key)
+            return out
+        self._refuse(route, key, step, f"disagrees with the eager step ({why}; a compiler bug: report it to "
+                                       "PyTorch)" if route.fallible else why)
+        step.route = EagerRoute.name
+        return ref
+
+    def _refuse(self, route: Route, key: Hashable, step: Step, why: str) -> None:
+        """``key`` is refused: the route below answers it from now on (the
+        route records what else its refusal covers, and says so)."""
+        self.table.set(route.name, key, State.REFUSED, why)
+        route.refuse(key, step, why)
 
     def note(self, step: Step) -> bool:
         """Record the route that answered ``step`` (a call that succeeded, at
@@ -209,7 +292,11 @@ class CompileManager:
     @property
     def refused(self) -> dict[Hashable, str]:
         """Call forms the package route refused, and why (empty without one)."""
-        return dict(self.aot.refused) if self.aot is not None else {}
+        if self.aot is None:
+            return {}
+        # (a whole call form is refused: its constants name it)
+        return {key[-1]: why for key, why in self.table.refused(PackageRoute.name).items()
+                if isinstance(key, tuple) and key[0] == "form"}
 
     @property
     def store_key(self) -> str | None:
@@ -257,7 +344,7 @@ def _builds_elsewhere(opts: WrapOptions, adapter: Adapter | None) -> bool:
 
 
 def _packages(model: torch.nn.Module, call: Callable[..., Any] | None, dynamo_config: Mapping[str, Any],
-              stats: Stats, opts: WrapOptions, adapter: Adapter | None) -> AotRoute:
+              stats: Stats, opts: WrapOptions, adapter: Adapter | None) -> Packages:
     """The ahead-of-time packages of ``model`` (a whole step, or the part
     after a model's own seam), keyed in the store when one is given."""
     store = None
@@ -268,4 +355,5 @@ def _packages(model: torch.nn.Module, call: Callable[..., Any] | None, dynamo_co
 
         def model_key() -> str:  # (again when the model's hyper-parameters change)
             return aot_binding(model, store, adapter, dynamo_config)[1]
-    return AotRoute(model, call, dynamo_config, stats, store, model_key, verify=opts.verify)
+    return Packages(model, call, dynamo_config, stats, store, model_key)
+

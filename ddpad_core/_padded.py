@@ -144,12 +144,16 @@ class PaddedModel(torch.nn.Module):
                                       compile_region=compile_region, options=opts, caps=self.cap_state,
                                       fitted=fitted, seam=pad_in_forward)
         self.stats = self.manager.stats
-        self.sizer: TightCaps | None = self.manager.sizer  # cap_policy="tight"
         self.shrinker: Shrinker | None = None
         self.last_resolutions: list[CapResolution] = []  # of the last call that sized or grew a cap
         self._turns = _Turns()
         if opts.shrink is not None:
             self.shrinker = Shrinker(opts.shrink, self.sizer)
+
+    @property
+    def sizer(self) -> TightCaps | None:
+        """The tight sizing of the caps (``cap_policy="tight"``; None: head room), the manager's."""
+        return self.manager.sizer
 
     @property
     def rungs(self) -> list[dict[str, int]]:

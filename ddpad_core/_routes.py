@@ -1,43 +1,105 @@
 """The routes a padded step can take: the eager model, ``torch.compile``,
-an ahead-of-time package.
+an ahead-of-time package; and the records of what each holds.
 
-A route answers one :class:`Step` (the padded input at fixed caps, the call's
-arguments): on the first use of a key (the call form and the caps) it builds
-or loads what runs them (a ``torch.compile`` graph, through Dynamo and the
-compile store; a package, from the store or built) and checks its numbers
-against the eager step once; later uses only run. A route that cannot take a
-step, or whose numbers disagree, hands it to the route below it
-(``fallback``): package -> ``torch.compile`` -> eager. Each route says in the
-step which one answered (:attr:`Step.route`), which the compile manager
-(:mod:`._manager`) records per key. A route wrapping another (a CUDA graph
-replaying a package) is one more :class:`Route` with the package as its
-fallback: the call path does not change.
+A route is one interface (:class:`Route`): :meth:`~Route.key` (what one graph
+or package of it serves; None: it does not take this step),
+:meth:`~Route.obtain` (build or load what runs a key), :meth:`~Route.run`
+(run it) and, on a key's first use, :meth:`~Route.reference` (the eager step
+its numbers are checked against) with :meth:`~Route.passed` /
+:meth:`~Route.refuse` (the verdict). A route that cannot take a step hands it
+to the route below it (``fallback``): package -> ``torch.compile`` -> eager.
+Which of them runs, and when, is the compile manager's
+(:meth:`ddpad._manager.CompileManager.dispatch`), which writes what became of
+each key into :class:`Records`; a route writes there only its refusals.
+A route over another (a CUDA graph replaying a package) is one more
+:class:`Route` with the package as its fallback: the call path does not change.
 
 A model that pads at its own seam inside its forward (UMA) takes packages
 through :class:`SeamPackageRoute`: the part after the seam (the adapter's
 compile region) is replaced, inside ddpad's own wrapper of the model, by a
-:class:`RegionPackages` that runs it as one package per padded shape, the
-same :class:`~ddpad._aot.AotRoute` a whole step's package uses; what comes
-before the seam (the model's graph generation) stays eager.
+:class:`RegionPackages` that runs it through its own chain (the part's
+packages, its ``torch.compile``, the part eager), dispatched by the same
+manager; what comes before the seam (the model's graph generation) stays eager.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import enum
+import logging
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Protocol
 
 import torch
 
-from ._aot import AotRoute, package_form
+from ._aot import Call, Packages, Refused, differentiable, form_of, package_form
 from ._compile import compile_model, run_step
 from ._stats import Stats
 from ._store import StoreBinding
 from ._strict import call_form
-from ._verify import FirstUse
 
-__all__ = ["CompiledRoute", "EagerRoute", "PackageRoute", "RegionPackages", "Route", "SeamPackageRoute", "Step"]
+__all__ = ["CompiledRoute", "EagerRoute", "PackageRoute", "Records", "RegionPackages", "Route", "SeamPackageRoute",
+           "State", "Step"]
+
+log = logging.getLogger("ddpad")
 
 Key = tuple[Any, ...]  # (call form, caps as items)
+
+
+class State(enum.Enum):
+    """What became of one route's key."""
+
+    READY = "ready"  # built or loaded, not yet checked (or no check asked)
+    CHECKED = "checked"  # its first call agreed with the eager step
+    BUILDING = "building"  # built in another process; the route below runs meanwhile
+    REFUSED = "refused"  # the route cannot take it (or it disagreed): the route below runs
+
+
+class Records:
+    """What each route holds, per key (:class:`State`, and why for a
+    refusal), and which route answered each caps and call form: the one
+    table the compile manager, the routes and :class:`~ddpad.Stats`' readers
+    share. A route's key is its own (``torch.compile``: caps and call form;
+    a package: the model's weights and the padded shapes); a route records
+    refusals of a whole call form under a key of its choosing."""
+
+    def __init__(self) -> None:
+        self.states: dict[tuple[str, Hashable], State] = {}
+        self.why: dict[tuple[str, Hashable], str] = {}  # refusals, and what disagreed
+        self.said: set[tuple[str, Hashable]] = set()  # what a route said once
+
+    def get(self, route: str, key: Hashable) -> State | None:
+        return self.states.get((route, key))
+
+    def set(self, route: str, key: Hashable, state: State, why: str = "") -> None:
+        self.states[route, key] = state
+        if why:
+            self.why[route, key] = why
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Per route, how many keys are in each state."""
+        out: dict[str, dict[str, int]] = {}
+        for (route, _), state in self.states.items():
+            per = out.setdefault(route, {})
+            per[state.value] = per.get(state.value, 0) + 1
+        return out
+
+    def refused(self, route: str) -> dict[Hashable, str]:
+        """The keys ``route`` refused, and why."""
+        return {key: self.why.get((name, key), "") for (name, key), state in self.states.items()
+                if name == route and state is State.REFUSED}
+
+    def say_once(self, route: str, what: Hashable) -> bool:
+        """True the first time ``route`` has ``what`` to say (a warning said once per call form)."""
+        if (route, what) in self.said:
+            return False
+        self.said.add((route, what))
+        return True
+
+    def forget(self, route: str, keep: Callable[[Hashable], bool]) -> None:
+        """Drop ``route``'s records whose key ``keep`` rejects (a re-keyed route's old keys)."""
+        for name, key in [k for k in self.states if k[0] == route and not keep(k[1])]:
+            self.states.pop((name, key), None)
+            self.why.pop((name, key), None)
 
 
 class Step:
@@ -48,16 +110,19 @@ class Step:
     filled in while it runs; None: caps nobody records), ``source`` the
     caller's own input (whether the caller differentiates the outputs, and
     what a worker is sent). The route that answered sets ``route`` and, when
-    a compiled graph or package ran, ``compiled``.
+    a compiled graph or package ran, ``compiled``; ``memo`` holds what a
+    route worked out for its key and needs again to run (the package route:
+    the call's flat tensors).
     """
 
-    __slots__ = ("args", "caps", "compiled", "kwargs", "padded", "route", "source")
+    __slots__ = ("args", "caps", "compiled", "kwargs", "memo", "padded", "route", "source")
 
     def __init__(self, padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any], source: Any = None,
                  caps: dict[str, int] | None = None) -> None:
         self.padded, self.args, self.kwargs, self.source, self.caps = padded, args, kwargs, source, caps
         self.route = ""
         self.compiled = False
+        self.memo: Any = None
 
     def key(self) -> Key:
         """What one graph or package serves: the call form and the caps (as they are now)."""
@@ -65,13 +130,46 @@ class Step:
 
 
 class Route(Protocol):
-    """One way to run a padded step (see the module's docstring)."""
+    """One way to run a padded step (see the module's docstring).
+
+    ``checked``: each key's first run is checked against :meth:`reference`
+    (the eager route is the reference itself). ``late_key``: the key is known
+    only after the run (a model sizing its caps at its own seam): it is asked
+    again then. ``fallible``: a first run that raises is a refusal, not an error.
+    """
 
     name: str
+    fallback: Route | None
+    checked: bool
+    late_key: bool
+    fallible: bool
 
-    def run(self, step: Step) -> Any:
-        """The step's outputs: built or loaded and checked on its key's first
-        use, handed to the fallback route where this one cannot take it."""
+    def key(self, step: Step) -> Hashable | None:
+        """What one graph or package of this route serves for ``step``; None:
+        this route does not take it (the step goes to the fallback)."""
+        ...
+
+    def obtain(self, key: Hashable, step: Step, building: bool) -> State:
+        """Build or load what runs ``key`` (``building``: it was building on an
+        earlier call): READY, BUILDING (elsewhere; the fallback runs
+        meanwhile) or REFUSED (recorded and said by the route)."""
+        ...
+
+    def run(self, key: Hashable, step: Step) -> Any:
+        """The step's outputs through what :meth:`obtain` made ready (unchecked)."""
+        ...
+
+    def reference(self, step: Step, padded: Any) -> Any:
+        """The eager step on ``padded`` (the input as it was before the run), for the first-use check."""
+        ...
+
+    def passed(self, key: Hashable) -> None:
+        """``key``'s first run agreed with the eager step."""
+        ...
+
+    def refuse(self, key: Hashable, step: Step, why: str) -> None:
+        """``key``'s first run disagreed or raised (``why``; the manager has
+        recorded ``key`` refused): record what else the refusal covers, say so."""
         ...
 
     def close(self) -> None:
@@ -79,7 +177,34 @@ class Route(Protocol):
         ...
 
 
-class EagerRoute:
+class _Plain:
+    """Defaults of a route without checks, keys or refusals of its own."""
+
+    fallback: Route | None = None
+    checked = False
+    late_key = False
+    fallible = False
+
+    def key(self, step: Step) -> Hashable | None:
+        return ()
+
+    def obtain(self, key: Hashable, step: Step, building: bool) -> State:
+        return State.READY
+
+    def reference(self, step: Step, padded: Any) -> Any:
+        raise NotImplementedError  # (never asked: not checked)
+
+    def passed(self, key: Hashable) -> None:
+        pass
+
+    def refuse(self, key: Hashable, step: Step, why: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class EagerRoute(_Plain):
     """The model as it is, on the padded input: the reference every check
     compares with, and the route of caps whose compiled numbers disagreed."""
 
@@ -89,92 +214,106 @@ class EagerRoute:
                  dynamo_config: Mapping[str, Any]) -> None:
         self.model, self.call, self.dynamo_config = model, call, dict(dynamo_config)
 
-    def run(self, step: Step) -> Any:
+    def run(self, key: Hashable, step: Step) -> Any:
         step.route = self.name
-        return self.reference(step.padded, step)
+        return self.reference(step, step.padded)
 
-    def reference(self, padded: Any, step: Step) -> Any:
+    def reference(self, step: Step, padded: Any) -> Any:
         """The eager step on ``padded`` (the same input a compiled step had), with the step's arguments."""
         return run_step(self.model, self.call, self.dynamo_config, padded, step.args, step.kwargs)
 
-    def close(self) -> None:
-        pass
+
+class _SeamEager(_Plain):
+    """The eager step of a model padding at its own seam whose compiled part
+    is installed in it: the part runs eager under ``force_eager``."""
+
+    name = "eager"
+
+    def __init__(self, compiled: CompiledRoute) -> None:
+        self.compiled = compiled
+
+    def run(self, key: Hashable, step: Step) -> Any:
+        step.route = self.name
+        return self.compiled.forced_eager(step, step.padded, again=False)
 
 
 class CompiledRoute:
     """``torch.compile``'s graphs (kept in the compile store when one is
-    bound), each checked on its first call at given caps and call form
-    (``checks``); caps that disagreed run eager from then on.
+    bound), one per caps and call form; caps whose first call disagreed with
+    the eager step run eager from then on (its fallback).
 
     Parameters
     ----------
     model, call, dynamo_config, stats
-        The model, the adapter's step and Dynamo flags; where compiles are counted.
+        The model, the adapter's step and Dynamo flags; where compiles and disagreements are counted.
     region, compile_kwargs
         What of the model compiles (a model padding at its own seam: what
         comes after it) and ``torch.compile``'s arguments.
     binding
         The model's place in the compile store (None: none).
-    checks
-        The first-use checks (None: ``verify=False``).
     seam
         The model pads at its own seam: its caps are known after the
         compiled part ran, and its eager reference runs that part eager.
     lazy
         Compile on the first step that needs it (under the package route:
         importing Dynamo takes seconds a loaded package never needs).
+    keyed
+        The key of a step (default: its call form and caps; the part after a
+        model's seam, whose caps nobody records: its padded shapes).
     """
 
     name = "torch.compile"
+    checked = True
+    fallible = False
 
     def __init__(self, model: torch.nn.Module, call: Callable[..., Any] | None, dynamo_config: Mapping[str, Any],
-                 stats: Stats, *, region: Callable[..., Any] | None, compile_kwargs: Mapping[str, Any],
-                 binding: StoreBinding | None, checks: FirstUse | None, seam: bool, lazy: bool = False) -> None:
+                 stats: Stats, *, region: Callable[..., Any] | None,
+                 compile_kwargs: Mapping[str, Any], binding: StoreBinding | None, seam: bool, lazy: bool = False,
+                 keyed: Callable[[Step], Hashable] = Step.key) -> None:
         self.eager = EagerRoute(model, call, dynamo_config)
+        self.fallback: Route = _SeamEager(self) if seam else self.eager
         self.model, self.call, self.dynamo_config, self.stats = model, call, dict(dynamo_config), stats
+        self.keyed = keyed
         self.region, self.compile_kwargs = region, dict(compile_kwargs)
-        self.binding, self.checks, self.seam = binding, checks, seam
+        self.binding, self.seam, self.late_key = binding, seam, seam
         self.compiled: Callable[..., Any] | None = None if lazy else self._compile()
 
     def _compile(self) -> Callable[..., Any]:
         return compile_model(self.model, self.stats, self.region, self.binding, **self.compile_kwargs)
 
-    def run(self, step: Step) -> Any:
-        checks = self.checks
-        if checks is None or step.caps is None:
-            return self._step(step.padded, step)
-        key = step.key()
-        rekey = step.key if self.seam else None  # (its seam may grow the caps as it runs)
-        out = checks.run(key, step.padded, lambda d: self._step(d, step),
-                         lambda d, again: self._reference(d, step, again), step.caps, rekey)
-        # eager: these caps disagreed before, or on this call (a steady call reads one flag and one empty dict)
-        if checks.eager_only or (checks.eager and (step.key() if self.seam else key) in checks.eager):
-            step.route = self.eager.name
-        return out
+    def key(self, step: Step) -> Hashable:
+        return self.keyed(step)
 
-    def _step(self, padded: Any, step: Step) -> Any:
+    def obtain(self, key: Hashable, step: Step, building: bool) -> State:
+        if self.compiled is None:  # (Dynamo builds each graph inside its first call, from the store when bound)
+            self.compiled = self._compile()
+        return State.READY
+
+    def run(self, key: Hashable, step: Step) -> Any:
         """One compiled step, unchecked."""
         compiled = self.compiled
-        if compiled is None:
-            compiled = self.compiled = self._compile()
+        assert compiled is not None  # (obtained first)
         step.route, step.compiled = self.name, True
         if self.binding is None:
-            return run_step(compiled, self.call, self.dynamo_config, padded, step.args, step.kwargs)
+            return run_step(compiled, self.call, self.dynamo_config, step.padded, step.args, step.kwargs)
         try:
-            return run_step(compiled, self.call, self.dynamo_config, padded, step.args, step.kwargs)
+            return run_step(compiled, self.call, self.dynamo_config, step.padded, step.args, step.kwargs)
         finally:
             self.binding.flush()  # what compiled lazily in this call (a backward) joins its entry
 
-    def _reference(self, padded: Any, step: Step, again: bool) -> Any:
-        """The eager step on the same padded input as the compiled one; a model
-        padding at its own seam runs its compiled part eager (``force_eager``),
-        padded at the seam through the active context (``again``, after the
-        compiled step padded it: to the same caps, and the resolutions are not
-        recorded twice)."""
+    def reference(self, step: Step, padded: Any) -> Any:
         if not self.seam:
-            return self.eager.reference(padded, step)
+            return self.eager.reference(step, padded)
+        return self.forced_eager(step, padded, again=True)
+
+    def forced_eager(self, step: Step, padded: Any, again: bool) -> Any:
+        """A model padding at its own seam, its compiled part run eager
+        (``force_eager``), padded at the seam through the active context
+        (``again``: after the compiled step padded it, to the same caps; the
+        resolutions are not recorded twice)."""
         compiled = self.compiled
-        assert compiled is not None  # (the compiled step ran first)
+        if compiled is None:
+            compiled = self.compiled = self._compile()  # (installs the region; force_eager runs it eager)
         scope = getattr(step.caps, "scope", None)
         recorded = len(scope.rows) if again and scope is not None else None
         try:
@@ -184,57 +323,124 @@ class CompiledRoute:
             if recorded is not None:
                 del scope.rows[recorded:]  # the seam resolved the same caps again
 
+    def passed(self, key: Hashable) -> None:
+        pass
+
+    def refuse(self, key: Hashable, step: Step, why: str) -> None:
+        self.stats.eager_forms += 1
+        log.warning("ddpad: %s disagrees with the eager step at caps %s (%s): these caps and call form run eager "
+                    "from now on; a compiler bug: report it to PyTorch with the model", self.name,
+                    dict(step.caps) if step.caps is not None else "?", why)
+
     def close(self) -> None:
         if self.binding is not None:
             self.binding.flush()
 
 
 class PackageRoute:
-    """Ahead-of-time packages (:class:`~ddpad._aot.AotRoute`: one per caps and
-    call form, from the store or built, checked once); a step they cannot
-    take goes to ``fallback``, and so does each step while its package is
-    built in a worker process (``elsewhere``: given the package's build name,
-    None while it builds, ``""`` once built, else why not)."""
+    """Ahead-of-time packages (:class:`~ddpad._aot.Packages`: one per caps
+    and call form, from the store or built) of a whole step or of the part
+    after a model's seam. A call form the packages cannot take (tracing or
+    exporting failed, a package raised or disagreed: for these weights only)
+    is refused as a whole and runs ``fallback``; so does each call of a
+    caller who differentiates the outputs (a package returns plain tensors),
+    and each step while its package is built in a worker process
+    (``elsewhere``: given the build name and the step, None while it builds,
+    ``""`` once built, else why not).
+    """
 
     name = "package"
+    checked = True
+    late_key = False
+    fallible = True
 
-    def __init__(self, packages: AotRoute, fallback: Route,
+    def __init__(self, packages: Packages, fallback: Route, records: Records,
                  elsewhere: Callable[[str, Step], str | None] | None = None) -> None:
-        self.packages, self.fallback, self.elsewhere = packages, fallback, elsewhere
+        self.packages, self.fallback, self.records, self.elsewhere = packages, fallback, records, elsewhere
 
-    def run(self, step: Step) -> Any:
+    def key(self, step: Step) -> Hashable | None:
+        old = self.packages.rebind()
+        if old is not None:  # the model changed: its old packages' records go, and refusals bound to them
+            self.records.forget(self.name, lambda key: old not in key)
+        one = step.memo = Call.of(step.padded, step.args, step.kwargs)
+        if differentiable(step.source if step.source is not None else step.padded):
+            self._differentiated(one.constants)  # (every call, built or not)
+            return None
+        # (the packages' own identity too: two parts of one architecture and weights load their own)
+        return (self.packages.key, form_of(one), id(self.packages))
+
+    def obtain(self, key: Hashable, step: Step, building: bool) -> State:
+        one: Call = step.memo
+        constants, records = one.constants, self.records
+        if records.get(self.name, ("form", constants)) or records.get(self.name, ("form", key[0], constants)):
+            return State.REFUSED
         builds = self.elsewhere
         elsewhere = (lambda name: builds(name, step)) if builds is not None and step.caps is not None else None
-        out = self.packages.run(step.padded, step.args, step.kwargs, step.source, lambda: self.fallback.run(step),
-                                elsewhere, step.caps)
-        if not step.route:  # the package answered (or, on its first call, its check's eager step did)
-            step.route, step.compiled = self.name, True
+        try:
+            ready = self.packages.obtain(key, one, elsewhere, building)
+        except Refused as exc:
+            self._refuse(("form", constants), str(exc), said=exc.said)
+            return State.REFUSED
+        return State.READY if ready else State.BUILDING
+
+    def run(self, key: Hashable, step: Step) -> Any:
+        out = self.packages.run(key, step.memo)
+        step.route, step.compiled = self.name, True
         return out
 
+    def reference(self, step: Step, padded: Any) -> Any:
+        p = self.packages
+        return run_step(p.model, p.call, p.dynamo_config, padded, step.args, step.kwargs)
+
+    def passed(self, key: Hashable) -> None:
+        self.packages.checked()
+
+    def refuse(self, key: Hashable, step: Step, why: str) -> None:
+        """A package that raised or disagreed on its first call: set aside,
+        its call form refused for these weights."""
+        caps = dict(step.caps) if step.caps else "?"
+        reason = self.packages.discard(key, f"its package at caps {caps} {why}")
+        self._refuse(("form", key[0], step.memo.constants), reason)
+
+    def _refuse(self, form: Hashable, reason: str, said: bool = False) -> None:
+        self.records.set(self.name, form, State.REFUSED, reason)
+        self.packages.stats.aot_refused += 1
+        if not said:
+            log.warning("ddpad: compile_mode='aot' falls back to torch.compile for this call form: %s", reason)
+
+    def _differentiated(self, constants: tuple[Any, ...]) -> None:
+        """A caller who differentiates the outputs: said and counted once per
+        call form; the form's package still serves the calls that do not."""
+        if not self.records.say_once(self.name, ("differentiated", constants)):
+            return
+        self.packages.stats.aot_refused += 1
+        log.warning("ddpad: compile_mode='aot' falls back to torch.compile for each call where the caller "
+                    "differentiates the returned outputs (an input requires grad): a package returns plain tensors")
+
     def close(self) -> None:
-        self.fallback.close()
+        if self.fallback is not None:
+            self.fallback.close()
 
 
 class RegionPackages(torch.nn.Module):
     """The part of a model after its own seam, run as ahead-of-time packages
-    (one per padded shape and call form, :class:`~ddpad._aot.AotRoute`); a
-    call the packages cannot take runs ``torch.compile`` of the part
-    (compiled on first need, its first call per shape checked against the
-    part's eager step: ``checks``). The part must take tensors in dicts,
-    lists and tuples, and plain constants (the package's inputs and key).
+    (one per padded shape and call form); a call the packages cannot take
+    runs ``torch.compile`` of the part (compiled on first need, its first
+    call per shape checked against the part's eager step), through
+    ``dispatch`` (the compile manager's). The part must take tensors in
+    dicts, lists and tuples, and plain constants (the package's inputs and key).
 
     A module (it takes the part's place inside the model); which route
     answered its last call is :attr:`answered`.
     """
 
-    def __init__(self, part: torch.nn.Module, packages: AotRoute, compile_part: Callable[[], Callable[..., Any]],
-                 dynamo_config: Mapping[str, Any], checks: FirstUse | None) -> None:
+    def __init__(self, part: torch.nn.Module, packages: Packages, compiled: CompiledRoute, records: Records,
+                 dispatch: Callable[[Route, Step], Any]) -> None:
         super().__init__()
         # (named as torch.compile's wrapper names the module it wraps: a state dict's keys read the same way)
         self._orig_mod = part
-        self._packages, self._compile_part, self._checks = packages, compile_part, checks
-        self._dynamo_config = dict(dynamo_config)
-        self._compiled: Callable[..., Any] | None = None  # (imports Dynamo: only once a call needs it)
+        self._route = PackageRoute(packages, compiled, records)
+        self._dispatch = dispatch
         self._answered = ""
         self._source: Any = None  # the caller's own input (whether the caller differentiates the outputs)
 
@@ -255,35 +461,23 @@ class RegionPackages(torch.nn.Module):
         return self._orig_mod
 
     @property
-    def packages(self) -> AotRoute:
+    def packages(self) -> Packages:
         """The part's packages."""
-        return self._packages
+        return self._route.packages
 
     def forward(self, padded: Any, *args: Any, **kwargs: Any) -> Any:
-        self._answered = ""
-        source = self._source if self._source is not None else padded
-        out = self._packages.run(padded, args, kwargs, source, lambda: self._fallback(padded, args, kwargs))
-        if not self._answered:  # the package answered (or, on its first call, its check's eager step did)
-            self._answered = PackageRoute.name
-        return out
-
-    def _fallback(self, padded: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """``torch.compile`` of the part, checked on each shape's first call."""
-        compiled = self._compiled
-        if compiled is None:
-            compiled = self._compiled = self._compile_part()
-        checks = self._checks
-        if checks is None:
-            self._answered = CompiledRoute.name
-            return run_step(compiled, None, self._dynamo_config, padded, args, kwargs)
-        key = package_form(padded, args, kwargs)
-        out = checks.run(key, padded, lambda d: run_step(compiled, None, self._dynamo_config, d, args, kwargs),
-                         lambda d, again: self.part(d, *args, **kwargs))
-        self._answered = EagerRoute.name if checks.eager_only or key in checks.eager else CompiledRoute.name
+        step = Step(padded, args, kwargs, self._source)
+        out = self._dispatch(self._route, step)
+        self._answered = step.route
         return out
 
 
-class SeamPackageRoute:
+def part_key(step: Step) -> Hashable:
+    """The key of a call of the part after a model's seam (no caps recorded): its padded shapes and constants."""
+    return package_form(step.padded, step.args, step.kwargs)
+
+
+class SeamPackageRoute(_Plain):
     """Packages for a model that pads at its own seam (see the module's
     docstring): the model runs eager up to the seam, and its compile region
     (``region``, the adapter's hook, given a function that makes each part's
@@ -304,7 +498,7 @@ class SeamPackageRoute:
 
         region(model, packaged)  # (replaces the part inside ddpad's own wrapper of the model, in place)
 
-    def run(self, step: Step) -> Any:
+    def run(self, key: Hashable, step: Step) -> Any:
         for part in self.parts:
             part.serve(step.padded)
         try:
@@ -322,6 +516,3 @@ class SeamPackageRoute:
             step.route = EagerRoute.name  # (no part ran)
         step.compiled = step.route != EagerRoute.name
         return out
-
-    def close(self) -> None:
-        pass

@@ -157,6 +157,8 @@ class Stats:
     check_seconds: float = 0.0
     eager_forms: int = 0
     ladder: Ladder = field(default_factory=Ladder, repr=False, compare=False)
+    # the compile manager's records (``_routes.Records``: what each route holds per key), read by ``routes``
+    records: Any = field(default=None, repr=False, compare=False)
 
     def record(self, call: int, resolved: list[CapResolution], fitted: bool = False) -> bool:
         """Record the fills and growths (or, ``fitted``, the fits) of call
@@ -242,6 +244,14 @@ class Stats:
             self.graphs_compiled += 1
             self.compile_seconds += seconds
             self.graphs_uncached += uncached
+
+    @property
+    def routes(self) -> dict[str, dict[str, int]]:
+        """Per route (``package``, ``torch.compile``, ``eager``), how many of
+        its records are ready, building, checked or refused, from the compile
+        manager's records: one per key (caps and call form), and one per call
+        form the route refused as a whole."""
+        return self.records.counts() if self.records is not None else {}
 
     # -- rungs and background compiles (the ladder's counts) ------------------
 

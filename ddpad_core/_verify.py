@@ -13,9 +13,8 @@ checked on a steady call.
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,9 +22,8 @@ from torch.utils import _pytree as pytree
 
 from ._stats import Stats
 
-__all__ = ["FirstUse", "check", "disagreement", "fresh"]
+__all__ = ["check", "disagreement", "fresh"]
 
-log = logging.getLogger("ddpad")
 
 # relative tolerance of a check, by the least precise dtype at work: a compiler
 # may fuse and reorder floating-point work the eager step does in order
@@ -83,62 +81,3 @@ def fresh(data: Any) -> Any:
     tensors: a model that writes into its input dict (aimnet adds its
     intermediates to it) must not hand one route's autograd graph to the next."""
     return pytree.tree_map(lambda leaf: leaf, data)
-
-
-class FirstUse:
-    """The first-use checks of one wrapped model: which keys (a route's caps
-    and call form) passed, and which disagreed with the eager step (they run
-    eager from then on).
-
-    Parameters
-    ----------
-    stats
-        Where checks and disagreements are counted.
-    model
-        The model whose parameters' dtypes set the tolerance.
-    route
-        What is checked, for the warning ("torch.compile").
-    """
-
-    def __init__(self, stats: Stats, model: torch.nn.Module, route: str = "torch.compile") -> None:
-        self.stats = stats
-        self.model = model
-        self.route = route
-        self.passed: set[Hashable] = set()
-        self.eager: dict[Hashable, str] = {}  # key -> what disagreed
-        self.eager_only = False  # the last run ran no compiled step (its key disagreed before)
-
-    def run(self, key: Hashable, data: Any, compiled: Callable[[Any], Any], eager: Callable[[Any, bool], Any],
-            caps: Mapping[str, int] | None = None, rekey: Callable[[], Hashable] | None = None) -> Any:
-        """``compiled(data)``; on ``key``'s first use also ``eager(data,
-        True)`` on the same input (new containers, made before the compiled
-        step ran; ``True``: the step already ran once in this call), compared;
-        a key that disagreed runs ``eager(data, False)`` only. ``rekey``: the
-        key is known only after the compiled step ran (a model that sizes its
-        caps inside its forward, at its seam)."""
-        self.eager_only = key in self.eager
-        if self.eager_only:
-            return eager(data, False)
-        if key in self.passed:
-            if rekey is None:
-                return compiled(data)
-            before = data
-        else:
-            before = fresh(data)
-        out = compiled(data)
-        if rekey is not None:
-            key = rekey()
-            if key in self.passed:
-                return out
-            if key in self.eager:
-                return eager(before, True)
-        ref, why = check(self.stats, self.model, out, lambda: eager(before, True))
-        if why is None:
-            self.passed.add(key)
-            return out
-        self.eager[key] = why
-        self.stats.eager_forms += 1
-        log.warning("ddpad: %s disagrees with the eager step at caps %s (%s): these caps and call form run eager "
-                    "from now on; a compiler bug: report it to PyTorch with the model", self.route,
-                    dict(caps) if caps is not None else "?", why)
-        return ref

@@ -49,6 +49,7 @@ CORE_TESTS = [
     "tests/test_tight.py",
     "tests/test_aot.py",
     "tests/test_verify.py",
+    "tests/test_routes.py",
     "tests/test_docs.py",
     "tests/test_benchmarks_page.py",
 ]
