@@ -158,7 +158,7 @@ class CompileManager:
         def parts(part: torch.nn.Module) -> RegionPackages:
             compiled = CompiledRoute(part, None, dynamo_config, stats, region=None,
                                      compile_kwargs=opts.compile_kwargs, binding=binding, seam=False, lazy=True,
-                                     keyed=part_key)
+                                     keyed=lambda step: part_key(step, part))
             return RegionPackages(part, _packages(part, None, dynamo_config, stats, opts, adapter), compiled, table,
                                   self.dispatch)
 
@@ -180,12 +180,13 @@ class CompileManager:
         or building elsewhere, goes to the route below."""
         table = self.table
         while True:
+            if not route.checked:  # the eager step itself (or a seam's parts, each dispatched here): nothing to build
+                return route.run((), step)
             key = route.key(step)
             if key is not None:
                 state = table.states.get((route.name, key))
                 # nearly every call: a key that passed its check (or needs none) runs
-                if state is (State.CHECKED if self.verify and route.checked else State.READY) \
-                        and not route.late_key:
+                if state is (State.CHECKED if self.verify else State.READY) and not route.late_key:
                     return route.run(key, step)
                 if state is None or state is State.BUILDING:
                     state = route.obtain(key, step, state is State.BUILDING)
@@ -206,7 +207,7 @@ class CompileManager:
         route's) raises, is refused and answered by the eager step or the
         route below (``_REFUSED``). A late key (a model sizing caps at its
         seam) is known after the run and checked then."""
-        checking = self.verify and route.checked
+        checking = self.verify
         before = fresh(step.padded) if checking and state is not State.CHECKED else step.padded
         try:
             out = route.run(key, step)

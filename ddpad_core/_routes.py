@@ -132,8 +132,10 @@ class Step:
 class Route(Protocol):
     """One way to run a padded step (see the module's docstring).
 
-    ``checked``: each key's first run is checked against :meth:`reference`
-    (the eager route is the reference itself). ``late_key``: the key is known
+    ``checked``: each key's first run is checked against :meth:`reference`;
+    False for a route that holds nothing to build or check (the eager step,
+    the reference itself; a seam model's wrapper, whose parts are
+    dispatched and checked): it only runs, keyed and recorded by nobody. ``late_key``: the key is known
     only after the run (a model sizing its caps at its own seam): it is asked
     again then. ``fallible``: a first run that raises is a refusal, not an error.
     """
@@ -357,6 +359,7 @@ class PackageRoute:
     def __init__(self, packages: Packages, fallback: Route, records: Records,
                  elsewhere: Callable[[str, Step], str | None] | None = None) -> None:
         self.packages, self.fallback, self.records, self.elsewhere = packages, fallback, records, elsewhere
+        self.id = id(packages)  # (records of two parts' packages stay apart)
 
     def key(self, step: Step) -> Hashable | None:
         old = self.packages.rebind()
@@ -367,19 +370,19 @@ class PackageRoute:
             self._differentiated(one.constants)  # (every call, built or not)
             return None
         # (the packages' own identity too: two parts of one architecture and weights load their own)
-        return (self.packages.key, form_of(one), id(self.packages))
+        return (self.packages.key, form_of(one), self.id)
 
     def obtain(self, key: Hashable, step: Step, building: bool) -> State:
         one: Call = step.memo
         constants, records = one.constants, self.records
-        if records.get(self.name, ("form", constants)) or records.get(self.name, ("form", key[0], constants)):
+        if records.get(self.name, self._form(constants)) or records.get(self.name, self._form(constants, key[0])):
             return State.REFUSED
         builds = self.elsewhere
         elsewhere = (lambda name: builds(name, step)) if builds is not None and step.caps is not None else None
         try:
             ready = self.packages.obtain(key, one, elsewhere, building)
         except Refused as exc:
-            self._refuse(("form", constants), str(exc), said=exc.said)
+            self._refuse(self._form(constants), str(exc), said=exc.said)
             return State.REFUSED
         return State.READY if ready else State.BUILDING
 
@@ -400,7 +403,12 @@ class PackageRoute:
         its call form refused for these weights."""
         caps = dict(step.caps) if step.caps else "?"
         reason = self.packages.discard(key, f"its package at caps {caps} {why}")
-        self._refuse(("form", key[0], step.memo.constants), reason)
+        self._refuse(self._form(step.memo.constants, key[0]), reason)
+
+    def _form(self, constants: tuple[Any, ...], weights: str | None = None) -> Hashable:
+        """The record of a whole call form of these packages (``weights``: refused for those weights only);
+        its constants last, as :attr:`~ddpad._manager.CompileManager.refused` reads them."""
+        return ("form", self.id, constants) if weights is None else ("form", self.id, weights, constants)
 
     def _refuse(self, form: Hashable, reason: str, said: bool = False) -> None:
         self.records.set(self.name, form, State.REFUSED, reason)
@@ -411,7 +419,7 @@ class PackageRoute:
     def _differentiated(self, constants: tuple[Any, ...]) -> None:
         """A caller who differentiates the outputs: said and counted once per
         call form; the form's package still serves the calls that do not."""
-        if not self.records.say_once(self.name, ("differentiated", constants)):
+        if not self.records.say_once(self.name, ("differentiated", self.id, constants)):
             return
         self.packages.stats.aot_refused += 1
         log.warning("ddpad: compile_mode='aot' falls back to torch.compile for each call where the caller "
@@ -472,9 +480,11 @@ class RegionPackages(torch.nn.Module):
         return out
 
 
-def part_key(step: Step) -> Hashable:
-    """The key of a call of the part after a model's seam (no caps recorded): its padded shapes and constants."""
-    return package_form(step.padded, step.args, step.kwargs)
+def part_key(step: Step, part: torch.nn.Module) -> Hashable:
+    """The key of a call of ``part``, after a model's seam (no caps recorded):
+    its padded shapes and constants, and the part (two parts may take the
+    same shapes; each has its own graphs and checks)."""
+    return (package_form(step.padded, step.args, step.kwargs), id(part))
 
 
 class SeamPackageRoute(_Plain):

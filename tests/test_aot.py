@@ -589,6 +589,62 @@ def test_a_model_padding_at_its_own_seam_takes_packages_of_the_part_after_it(tmp
     assert built.graphs == loaded.graphs == 0  # no Dynamo on the call path
 
 
+class _Nudge(torch.nn.Module):
+    """A part that cannot trace (a data-dependent branch), taking and giving
+    the same kind of input as the part after it."""
+
+    def forward(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if bool(data["positions"].sum() > 1e9):
+            data = dict(data, positions=data["positions"] * 0)
+        return dict(data, positions=data["positions"] + 0.0)
+
+
+class _TwoParts(torch.nn.Module):
+    """A model padding at its own seam whose compile region is two parts
+    (``traces``: the second one takes a package)."""
+
+    def __init__(self, traces: bool) -> None:
+        super().__init__()
+        from _mpnn import MPNN
+
+        self.first, self.core = _Nudge(), MPNN() if traces else torch.nn.Sequential(_Nudge(), MPNN())
+
+    def forward(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.core(self.first(ddpad.current_dd_context().maybe_pad_graph(dict(data))))
+
+
+@pytest.mark.parametrize("traces", [True, False], ids=["second-traces", "neither-traces"])
+def test_each_part_after_a_seam_has_its_own_packages_refusals_and_checks(traces: bool) -> None:
+    """Each part after a model's seam has its own packages, refusals and
+    first-use checks, though both take the same dict of tensors. Before
+    (first-use checks keyed by the padded shapes alone, shared by the
+    parts): the second part's first torch.compile call went unchecked, its
+    key having passed as the first part's. With the records table keyed by
+    the call form alone, the first part's refusal refused the second's form
+    too (its package never built) and the second ran a graph never compiled."""
+    from _mpnn import trajectory
+    from test_runtime import assert_same, padder
+
+    def both(model: _TwoParts, compile_fn: Any) -> _TwoParts:
+        model.first, model.core = compile_fn(model.first), compile_fn(model.core)
+        return model
+
+    model = _TwoParts(traces)
+    first, core = model.first, model.core
+    wrapped = ddpad.PaddedModel(model, padder(), pad_in_forward=True, compile_region=both, compile_mode="aot",
+                                backend="aot_eager", cap_policy="headroom")
+    for data in trajectory(3, (2, 2), seed=3):
+        assert_same(wrapped(data), core(first({k: v.clone() for k, v in data.items()})))
+    s = wrapped.stats
+    assert s.checks == 2  # each part's first call: a package's or torch.compile's
+    if traces:
+        assert (s.aot_compiled, s.aot_checked, s.aot_refused) == (1, 1, 1), s
+        assert s.routes == {"package": {"checked": 1, "refused": 1}, "torch.compile": {"checked": 1}}
+    else:
+        assert (s.aot_compiled, s.aot_refused) == (0, 2), s
+        assert s.routes == {"package": {"refused": 2}, "torch.compile": {"checked": 2}}
+
+
 def test_a_differentiating_caller_gets_a_graph_whether_or_not_the_package_is_built(store: pathlib.Path) -> None:
     """A package returns plain tensors, so every call whose caller
     differentiates runs torch.compile. Before, the check ran only while no
