@@ -190,7 +190,7 @@ class Packages:
         self.model_key = model_key
         self.watch = Watch(model)
         self.key = self._key()
-        self.loaded: dict[tuple[Any, ...], _Package] = {}  # by (self.key, _form)
+        self.loaded: dict[tuple[Any, ...], _Package] = {}  # by the package route's key (self.key, form, ...)
         # Inductor options of the builds (none: benchmarks/aot_options.py measured none that pays on a CPU;
         # not part of the store's key: set only where packages go to a store of their own)
         self.inductor_options: dict[str, Any] = {}

@@ -56,9 +56,9 @@ class State(enum.Enum):
 
 class Records:
     """What each route holds, per key (:class:`State`, and why for a
-    refusal), and which route answered each caps and call form: the one
-    table the compile manager, the routes and :class:`~ddpad.Stats`' readers
-    share. A route's key is its own (``torch.compile``: caps and call form;
+    refusal): the one table the compile manager, the routes and
+    :class:`~ddpad.Stats` (``routes``) share (which route answered each caps
+    and call form is the manager's ``records``). A route's key is its own (``torch.compile``: caps and call form;
     a package: the model's weights and the padded shapes); a route records
     refusals of a whole call form under a key of its choosing."""
 
@@ -180,7 +180,8 @@ class Route(Protocol):
 
 
 class _Plain:
-    """Defaults of a route without checks, keys or refusals of its own."""
+    """A route with nothing to build or check (``checked = False``): the
+    manager only runs it; the other members are the protocol's, never called."""
 
     fallback: Route | None = None
     checked = False
@@ -314,8 +315,7 @@ class CompiledRoute:
         (``again``: after the compiled step padded it, to the same caps; the
         resolutions are not recorded twice)."""
         compiled = self.compiled
-        if compiled is None:
-            compiled = self.compiled = self._compile()  # (installs the region; force_eager runs it eager)
+        assert compiled is not None  # (a model padding at its own seam compiles its region up front)
         scope = getattr(step.caps, "scope", None)
         recorded = len(scope.rows) if again and scope is not None else None
         try:
@@ -426,8 +426,7 @@ class PackageRoute:
                     "differentiates the returned outputs (an input requires grad): a package returns plain tensors")
 
     def close(self) -> None:
-        if self.fallback is not None:
-            self.fallback.close()
+        self.fallback.close()
 
 
 class RegionPackages(torch.nn.Module):
