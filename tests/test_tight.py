@@ -344,10 +344,13 @@ def test_a_shrink_that_would_compile_waits_until_it_pays() -> None:
         model(graph(100, 600, gen))
     assert model.stats.shrinks == [] and model.caps == big and model.shrinker is not None
     assert model.shrinker.compile_seconds > 0
-    # a slow step (0.5 s, saving most of it) pays for the compile (the first call's trace and sleep: at
-    # 0.2 s a step, a trace of more than 0.3 s on a loaded 2-core machine outweighed the 0.48 s saved)
-    slow = _shrinking(Slow(0.5), ddpad.ShrinkPolicy(below=0.6, after=3))
+    # a slow step pays for the compile: each step after the first takes as long as the first call did
+    # (its trace and sleep, measured), so the streak's saving (most of a step, over 3 calls) exceeds it under
+    # any load (a fixed 0.5 s step lost to a trace of more than 0.4 s on a loaded 2-core machine)
+    slow = _shrinking(Slow(0.05), ddpad.ShrinkPolicy(below=0.6, after=3))
     slow(graph(300, 3000, gen))
+    assert slow.shrinker is not None and slow.shrinker.compile_seconds > 0.05
+    slow.model.seconds = slow.shrinker.compile_seconds
     for _ in range(4):
         slow(graph(100, 600, gen))
     assert slow.stats.shrinks and slow.caps["edges"] < big["edges"]
