@@ -17,6 +17,7 @@ import torch
 from ._noise import quiet_warnings
 from ._stats import Stats
 from ._store import CompileStore, StoreBinding, bind_store
+from ._verify import CheckedGraph
 
 __all__ = ["compile_counted", "compile_model", "counting_backend", "run_step"]
 
@@ -42,12 +43,15 @@ def _cache_counts() -> tuple[int, ...]:
 
 class _CountingBackend:
     """A Dynamo backend that records each compile event, then delegates
-    (through a compile store when it has one)."""
+    (through a compile store when it has one); ``verify``: each graph's
+    first call is checked against the graph run eagerly (:class:`CheckedGraph`)."""
 
-    def __init__(self, inner: Callable[..., Any], stats: Stats, store: StoreBinding | None = None) -> None:
+    def __init__(self, inner: Callable[..., Any], stats: Stats, store: StoreBinding | None = None,
+                 verify: bool = False) -> None:
         self.inner = inner
         self.stats = stats
         self.store = store
+        self.verify = verify
         self.seen: set[str] = set()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -58,10 +62,13 @@ class _CountingBackend:
             self._count(compile_id)
         # a restart raised from inside the backend (e.g. by AOTAutograd) leaves
         # nothing counted as compiled or loaded: the retry is timed and stored
+        eager = CheckedGraph.before(gm) if self.verify else None
         with quiet_warnings():  # torch's own deprecations, raised as it compiles or loads (tree specs)
             if self.store is None:
-                return self._timed(gm, example_inputs)
-            return self._through_store(self.store, gm, example_inputs)
+                compiled = self._timed(gm, example_inputs)
+            else:
+                compiled = self._through_store(self.store, gm, example_inputs)
+        return compiled if eager is None else CheckedGraph(compiled, eager, self.stats)
 
     def _count(self, compile_id: Any) -> None:
         frame = getattr(compile_id, "frame_id", None)
@@ -129,6 +136,7 @@ def counting_backend(
     stats: Stats, backend: str | Callable[..., Any] = "inductor", *,
     mode: str | None = None, options: dict[str, Any] | None = None, dynamic: bool | None = None,
     compile_cache: str | os.PathLike[str] | CompileStore | None = None, model: torch.nn.Module | None = None,
+    verify: bool = False,
 ) -> Callable[..., Any]:
     """A ``torch.compile`` backend that records each compile event in ``stats``
     (``graphs``, ``graphs_per_frame``, ``graphs_by_call``, ``recompiles``), then
@@ -136,13 +144,16 @@ def counting_backend(
     (e.g. nvalchemi's ``compile_kwargs={"backend": ...}``); the caller
     advances ``stats.calls``. With ``compile_cache`` (and the ``model``
     compiled, which keys the store) graphs go through a compile store
-    (:func:`wrap`'s ``compile_cache``)."""
+    (:func:`wrap`'s ``compile_cache``). With ``verify``, each graph's first
+    call is checked against the same graph run eagerly, as :func:`wrap`'s
+    ``verify`` checks a padded step: a graph that disagrees runs eagerly from
+    then on, with one warning (``stats.checks``, ``stats.disagreements``)."""
     store = None
     if compile_cache is not None:
         if model is None:
             raise ValueError("ddpad: counting_backend(compile_cache=...) needs model= (the store keys by it)")
         store = bind_store(model, compile_cache, backend=backend, mode=mode, options=options, dynamic=dynamic)
-    return _CountingBackend(_inner_backend(backend, mode, options, dynamic), stats, store)
+    return _CountingBackend(_inner_backend(backend, mode, options, dynamic), stats, store, verify)
 
 
 def compile_counted(model: Callable[..., Any], stats: Stats, **compile_kwargs: Any) -> Callable[..., Any]:

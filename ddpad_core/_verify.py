@@ -9,12 +9,19 @@ that route is not used again for those caps and call form (a package falls
 back to ``torch.compile``, ``torch.compile`` to the eager step), with one
 warning. One eager step per compiled graph is the whole cost: nothing is
 checked on a steady call.
+
+Where an engine calls ``torch.compile`` itself (nvalchemi's
+``DistributedModel``) there is no padded step to hold beside the eager one:
+:class:`CheckedGraph` checks each graph the backend compiled against the same
+graph run eagerly.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -22,7 +29,9 @@ from torch.utils import _pytree as pytree
 
 from ._stats import Stats
 
-__all__ = ["check", "disagreement", "fresh"]
+__all__ = ["CheckedGraph", "check", "disagreement", "fresh"]
+
+log = logging.getLogger("ddpad")
 
 
 # relative tolerance of a check, by the least precise dtype at work: a compiler
@@ -30,16 +39,18 @@ __all__ = ["check", "disagreement", "fresh"]
 _RTOL = {torch.float64: 1e-8, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
-def disagreement(out: Any, ref: Any, model: torch.nn.Module | None = None) -> str | None:
+def disagreement(out: Any, ref: Any, model: torch.nn.Module | None = None,
+                 inputs: Iterable[Any] = ()) -> str | None:
     """None when every output of ``out`` matches ``ref``'s (the eager step's)
     within the tolerance of the least precise floating dtype among the
-    outputs and ``model``'s parameters (a float32 model's float64 outputs
-    carry float32 work), else what differed."""
+    outputs, ``model``'s parameters and the tensors among ``inputs`` (a
+    float32 model's float64 outputs carry float32 work), else what differed."""
     got, want = pytree.tree_flatten(out)[0], pytree.tree_flatten(ref)[0]
     if len(got) != len(want):
         return f"{len(got)} outputs, the eager step {len(want)}"
     dtypes = {x.dtype for x in want if isinstance(x, torch.Tensor) and x.is_floating_point()}
     dtypes |= {p.dtype for p in (model.parameters() if model is not None else ()) if p.is_floating_point()}
+    dtypes |= {x.dtype for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()}
     rtol = max((_RTOL.get(dtype, 1e-4) for dtype in dtypes), default=1e-4)
     for i, (a, b) in enumerate(zip(got, want)):
         if not isinstance(b, torch.Tensor):
@@ -63,13 +74,15 @@ def disagreement(out: Any, ref: Any, model: torch.nn.Module | None = None) -> st
     return None
 
 
-def check(stats: Stats, model: torch.nn.Module, out: Any, eager: Callable[[], Any]) -> tuple[Any, str | None]:
+def check(stats: Stats, model: torch.nn.Module | None, out: Any, eager: Callable[[], Any],
+          inputs: Iterable[Any] = ()) -> tuple[Any, str | None]:
     """One first-use check: ``eager()``'s result (the eager step on the input
     the compiled step had) and what of ``out`` disagreed with it (None: all
-    agreed), counted and timed in ``stats``."""
+    agreed; ``model`` and ``inputs`` as for :func:`disagreement`), counted and
+    timed in ``stats``."""
     t0 = time.perf_counter()
     ref = eager()
-    why = disagreement(out, ref, model)
+    why = disagreement(out, ref, model, inputs)
     stats.checks += 1
     stats.disagreements += why is not None
     stats.check_seconds += time.perf_counter() - t0
@@ -81,3 +94,73 @@ def fresh(data: Any) -> Any:
     tensors: a model that writes into its input dict (aimnet adds its
     intermediates to it) must not hand one route's autograd graph to the next."""
     return pytree.tree_map(lambda leaf: leaf, data)
+
+
+def _copy(value: Any) -> Any:
+    """A tensor input copied for the eager run (its own storage, the same
+    ``requires_grad``: a graph that differentiates inside needs it); other
+    inputs (symbolic sizes, ints) as they are."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.detach().clone().requires_grad_(value.requires_grad)
+
+
+class CheckedGraph:
+    """A graph compiled by a Dynamo backend, its first call checked against
+    the same FX graph run eagerly.
+
+    On the first call the compiled graph runs on copies of the inputs and
+    the eager graph on the inputs themselves, and the eager outputs are
+    returned (a graph that writes into an input writes once; the outputs
+    differentiate to the inputs). If the outputs agree
+    (:func:`disagreement`), the compiled graph answers from then on; if not,
+    the eager graph does, with one warning. The forward is what is checked:
+    a backward compiled for it (autograd through a graph break) is not.
+
+    Parameters
+    ----------
+    compiled
+        What the backend returned for ``graph``.
+    graph
+        The graph Dynamo handed the backend, as it was before the backend ran
+        (its passes may rewrite it in place: pass a copy, see :meth:`before`).
+    stats
+        Where the check is counted (``checks``, ``disagreements``,
+        ``check_seconds``; ``eager_forms`` for a graph that runs eagerly).
+    """
+
+    def __init__(self, compiled: Callable[..., Any], graph: torch.fx.GraphModule, stats: Stats) -> None:
+        self.compiled = compiled
+        self.eager = graph
+        self.stats = stats
+        self.run: Callable[..., Any] = self._first
+
+    @staticmethod
+    def before(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        """``graph`` with its own copy of the FX graph (sharing its modules
+        and constants), to run eagerly after a backend rewrote the original."""
+        return torch.fx.GraphModule(graph, copy.deepcopy(graph.graph))
+
+    def __call__(self, *args: Any) -> Any:
+        return self.run(*args)
+
+    def _first(self, *args: Any) -> Any:
+        # the compiled graph runs on copies, the eager graph on the inputs: its
+        # outputs are returned (they differentiate to the inputs, and a graph
+        # that writes into an input writes once)
+        copies = [_copy(a) for a in args]
+        out = self.compiled(*copies)
+        ref, why = check(self.stats, None, out, lambda: self.eager(*args), copies)
+        if why is None:
+            self.run = self.compiled
+            return ref
+        self.stats.eager_forms += 1
+        self.run = self.eager
+        log.warning("ddpad: a compiled graph disagrees with the same graph run eagerly on its first call (%s): it "
+                    "runs eagerly from now on; a compiler bug: report it to PyTorch with the model", why)
+        return ref
+
+    def __getattr__(self, name: str) -> Any:  # what Dynamo or AOTAutograd read off the compiled function
+        if name in ("compiled", "eager", "stats", "run") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.compiled, name)

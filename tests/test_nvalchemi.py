@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -84,7 +86,16 @@ def _single_process(seed: int) -> tuple[float, np.ndarray, np.ndarray]:
     return float(out["energy"].sum()), batch.positions.detach().numpy(), out["forces"].detach().numpy()
 
 
-def _static_worker(rank: int, world: int, seeds: list[int]) -> list[dict]:
+def _miscompiling(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+    """A backend whose graphs' floating outputs are 1e-3 off."""
+
+    def run(*args: Any) -> Any:
+        return tuple(o + 1e-3 if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in gm(*args))
+
+    return run
+
+
+def _static_worker(rank: int, world: int, seeds: list[int], backend: str = "aot_eager") -> list[dict]:
     from nvalchemi.distributed import DistributedModel
     from nvalchemi.distributed.sharded_batch import ShardedBatch
 
@@ -93,28 +104,41 @@ def _static_worker(rank: int, world: int, seeds: list[int]) -> list[dict]:
     padder = BatchPadder(wrapper.cutoff)
     model = DistributedModel(
         wrapper, config, spec=spec_with_padder(wrapper, padder), compile=True,
-        compile_kwargs=padder.compile_kwargs("aot_eager"),
+        compile_kwargs=padder.compile_kwargs(_miscompiling if backend == "miscompiling" else backend),
     )
     steps = []
     for seed in seeds:
         _, batch = _build(seed)
         sharded = ShardedBatch.from_batch(batch if rank == 0 else None, mesh, config)
+        start = time.perf_counter()
         out = model(sharded)
         steps.append({
             "energy": float(out["energy"].sum()),
             "positions": sharded.local_batch.positions.detach().tolist(),
             "forces": out["forces"].detach().tolist(),
             "caps": dict(model._cap_state),
+            "seconds": time.perf_counter() - start,
             "graphs": padder.stats.graphs,
             "collectives": padder.collectives,
+            "checks": (padder.stats.checks, padder.stats.disagreements),
+            "check_seconds": padder.stats.check_seconds,
         })
     return steps
 
 
 @pytest.mark.slow
-def test_two_ranks_equal_single_process_with_one_graph(tmp_path: pathlib.Path) -> None:
-    seeds = [0, 1, 2, 3]
-    ranks = run_ranks(_static_worker, 2, tmp_path, seeds, timeout=420)
+@pytest.mark.parametrize("backend", ["aot_eager", "miscompiling"])
+def test_two_ranks_equal_single_process_with_one_graph(tmp_path: pathlib.Path, backend: str) -> None:
+    """Each graph the framework compiles is checked on its first call. Before
+    (miscompiling): the framework's compiled graphs were never checked, and
+    their energies were 1e-3 off."""
+    seeds = [0, 1, 2, 3] if backend == "aot_eager" else [0, 1]
+    ranks = run_ranks(_static_worker, 2, tmp_path, seeds, backend, timeout=420)
+    for r in ranks:
+        graphs, (checks, disagreements) = r[-1]["graphs"], r[-1]["checks"]
+        assert graphs > 0 and checks == graphs
+        # (miscompiling: every graph with a floating output is off; some output only indices)
+        assert (disagreements > 0) if backend == "miscompiling" else disagreements == 0
     for i, seed in enumerate(seeds):
         energy, positions, forces = _single_process(seed)
         steps = [r[i] for r in ranks]
@@ -134,7 +158,7 @@ def test_two_ranks_equal_single_process_with_one_graph(tmp_path: pathlib.Path) -
     for rank in ranks:
         assert rank[0]["graphs"] > 0
         assert {s["graphs"] for s in rank} == {rank[0]["graphs"]}, "compiled after step 0"
-        assert [s["collectives"] for s in rank] == [1, 2, 3, 4], "one cap all-reduce per step"
+        assert [s["collectives"] for s in rank] == list(range(1, len(seeds) + 1)), "one cap all-reduce per step"
     assert ranks[0][0]["graphs"] == ranks[1][0]["graphs"]
 
 

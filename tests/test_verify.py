@@ -153,3 +153,49 @@ def test_a_model_that_writes_into_its_input_is_checked_on_its_own_copy(mode: str
             torch.testing.assert_close(out[key], ref[key], rtol=0, atol=1e-12)
     assert wrapped.stats.checks == 1 and wrapped.stats.disagreements == 0
     assert wrapped.stats.aot_refused == (mode == "aot")
+
+
+# -- engines that call torch.compile themselves: each graph the backend compiles is checked
+
+
+def _energy_and_count(positions: torch.Tensor, weight: torch.Tensor, calls: torch.Tensor) -> torch.Tensor:
+    """Two graphs (a graph break between them), the first writing into an input."""
+    calls.add_(1)
+    energy = (weight * positions.pow(2)).sum()
+    torch._dynamo.graph_break()
+    return energy * 0.5 + positions.sum()
+
+
+def _engine_compiled(backend: Any) -> tuple[Any, ddpad.Stats]:
+    torch._dynamo.reset()
+    stats = ddpad.Stats()
+    return torch.compile(_energy_and_count, backend=ddpad.counting_backend(stats, backend, verify=True)), stats
+
+
+def test_an_engines_miscompiled_graphs_run_eagerly_differentiable(caplog: pytest.LogCaptureFixture) -> None:
+    """nvalchemi compiles the model itself, with ``padder.compile_kwargs()``'s
+    backend. Before: its graphs were never checked, and a miscompiled one's
+    numbers (1e-3 off) were returned."""
+    compiled, stats = _engine_compiled(miscompiling)
+    weight, calls = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64), torch.zeros((), dtype=torch.long)
+    for step in range(3):
+        positions = torch.linspace(0.1, 0.7, 3, dtype=torch.float64).add(0.1 * step).requires_grad_(True)
+        with caplog.at_level(logging.WARNING, logger="ddpad"):
+            energy = compiled(positions, weight, calls)
+        want = _energy_and_count(positions, weight, torch.zeros((), dtype=torch.long))
+        assert float(energy.detach()) == pytest.approx(float(want.detach()), abs=1e-15)
+        (grad,) = torch.autograd.grad(energy, positions)  # the eager run's outputs reach the inputs
+        torch.testing.assert_close(grad, weight * positions.detach() + 1, rtol=0, atol=1e-15)
+    assert int(calls) == 3  # the first graph wrote into its input once per call, the check's run into a copy
+    assert (stats.graphs, stats.checks, stats.disagreements, stats.eager_forms) == (2, 2, 2, 2)
+    assert sum("disagrees with the same graph run eagerly" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_an_engines_graphs_that_agree_are_checked_once() -> None:
+    compiled, stats = _engine_compiled("aot_eager")
+    weight, calls = torch.tensor([1.0, 2.0, 3.0]), torch.zeros((), dtype=torch.long)
+    for step in range(4):
+        positions = torch.linspace(0.1, 0.7, 3).add(0.1 * step)
+        assert float(compiled(positions, weight, calls)) == float(_energy_and_count(positions, weight, calls.clone()))
+    assert int(calls) == 4
+    assert (stats.graphs, stats.checks, stats.disagreements, stats.eager_forms) == (2, 2, 0, 0)
