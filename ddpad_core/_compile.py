@@ -136,7 +136,7 @@ def counting_backend(
     stats: Stats, backend: str | Callable[..., Any] = "inductor", *,
     mode: str | None = None, options: dict[str, Any] | None = None, dynamic: bool | None = None,
     compile_cache: str | os.PathLike[str] | CompileStore | None = None, model: torch.nn.Module | None = None,
-    verify: bool = False,
+    verify: bool = True,
 ) -> Callable[..., Any]:
     """A ``torch.compile`` backend that records each compile event in ``stats``
     (``graphs``, ``graphs_per_frame``, ``graphs_by_call``, ``recompiles``), then
@@ -144,10 +144,10 @@ def counting_backend(
     (e.g. nvalchemi's ``compile_kwargs={"backend": ...}``); the caller
     advances ``stats.calls``. With ``compile_cache`` (and the ``model``
     compiled, which keys the store) graphs go through a compile store
-    (:func:`wrap`'s ``compile_cache``). With ``verify``, each graph's first
-    call is checked against the same graph run eagerly, as :func:`wrap`'s
-    ``verify`` checks a padded step: a graph that disagrees runs eagerly from
-    then on, with one warning (``stats.checks``, ``stats.disagreements``)."""
+    (:func:`wrap`'s ``compile_cache``). With ``verify`` (default, as
+    :func:`wrap`'s), each graph's first call is checked against the same
+    graph run eagerly: a graph that disagrees runs eagerly from then on, with
+    one warning (``stats.checks``, ``stats.disagreements``)."""
     store = None
     if compile_cache is not None:
         if model is None:

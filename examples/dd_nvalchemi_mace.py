@@ -7,8 +7,9 @@ MACE, and ddpad as nvalchemi's graph padder.
 One GPU per rank over NCCL when CUDA is available, else CPU ranks over gloo.
 Rank 0 prints the total energy of the whole system every few steps (the
 forward all-reduces it over the ranks; every rank must hold the same value,
-checked), steps/s, and each rank's compiled graphs, caps and owned atoms
-(they change as atoms migrate). ``--eager`` runs the reference instead:
+checked), steps/s, and each rank's compiled graphs (each checked on its first
+call against the same graph run eagerly), caps and owned atoms (they change
+as atoms migrate). ``--eager`` runs the reference instead:
 nvalchemi's own domain decomposition, eager (no compile, no ddpad), same
 system and steps; its total energies must match a normal run's (run it as a
 separate job: a second ``DomainParallel`` in the same process gives other
@@ -96,7 +97,8 @@ def main() -> None:
             local = md.partition(batch if rank == 0 else None)
         if compile:
             # DomainParallel (0.2) compiles with inductor and takes no compile options:
-            # hand its DistributedModel the backend, counting graphs into `stats`
+            # hand its DistributedModel the backend, counting graphs into `stats` and
+            # checking each one's first call against the graph run eagerly
             store = {"compile_cache": args.compile_cache, "model": model} if args.compile_cache else {}
             md._dist_model._dd_compile_kwargs = {"backend": ddpad.counting_backend(stats, args.backend, **store)}
         energies, owned = [], []
@@ -141,6 +143,8 @@ def main() -> None:
                                   "compiled": stats.graphs_compiled, "compile_s": stats.compile_seconds,
                                   "uncached": stats.graphs_uncached,
                                   "loaded": stats.graphs_loaded, "load_s": stats.load_seconds,
+                                  "checked": stats.checks, "check_s": stats.check_seconds,
+                                  "disagreed": stats.disagreements,
                                   "owned": (min(owned), max(owned)) if owned else None,
                                   "collectives": padder.collectives if padder is not None else "n/a"})
     if rank == 0:
@@ -149,7 +153,8 @@ def main() -> None:
         for r, row in enumerate(info):
             print(f"rank {r}: {row['graphs']} compiled graphs ({row['compiled']} compiled in {row['compile_s']:.1f} s "
                   f"({row['uncached']} past torch's caches), "
-                  f"{row['loaded']} loaded in {row['load_s']:.1f} s), caps {row['caps']}, "
+                  f"{row['loaded']} loaded in {row['load_s']:.1f} s), {row['checked']} checked in "
+                  f"{row['check_s']:.2f} s ({row['disagreed']} disagreed), caps {row['caps']}, "
                   f"owned atoms {row['owned']}, ddpad cap all-reduces {row['collectives']}")
     dist.destroy_process_group()
 

@@ -404,11 +404,15 @@ def _same_graph_count(ranks: list[str]) -> None:
 @pytest.mark.slow
 def test_example_runs_under_torchrun() -> None:
     """The example runs under torchrun with ddpad's padder, on the same graph
-    count on both ranks, with one cap all-reduce per step, and prints the
-    whole system's energy (not one rank's share)."""
+    count on both ranks, each graph checked on its first call (before: the
+    example's ``counting_backend`` checked nothing), with one cap all-reduce
+    per step, and prints the whole system's energy (not one rank's share)."""
     compiled, ranks = _example()
     assert len(compiled) == 3 and all(e < -100 for e in compiled)  # all 128 atoms, not a rank's half
     _same_graph_count(ranks)
+    for line in ranks:
+        graphs = int(line.split(":")[1].split("compiled")[0])
+        assert f"), {graphs} checked in " in line and " s (0 disagreed), caps " in line, line
     # one per step, plus the forward DomainParallel primes forces with
     assert all(line.endswith("ddpad cap all-reduces 4") for line in ranks), ranks
 

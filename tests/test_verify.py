@@ -166,10 +166,10 @@ def _energy_and_count(positions: torch.Tensor, weight: torch.Tensor, calls: torc
     return energy * 0.5 + positions.sum()
 
 
-def _engine_compiled(backend: Any) -> tuple[Any, ddpad.Stats]:
+def _engine_compiled(backend: Any, **options: Any) -> tuple[Any, ddpad.Stats]:
     torch._dynamo.reset()
     stats = ddpad.Stats()
-    return torch.compile(_energy_and_count, backend=ddpad.counting_backend(stats, backend, verify=True)), stats
+    return torch.compile(_energy_and_count, backend=ddpad.counting_backend(stats, backend, **options)), stats
 
 
 def test_an_engines_miscompiled_graphs_run_eagerly_differentiable(caplog: pytest.LogCaptureFixture) -> None:
@@ -199,3 +199,12 @@ def test_an_engines_graphs_that_agree_are_checked_once() -> None:
         assert float(compiled(positions, weight, calls)) == float(_energy_and_count(positions, weight, calls.clone()))
     assert int(calls) == 4
     assert (stats.graphs, stats.checks, stats.disagreements, stats.eager_forms) == (2, 2, 0, 0)
+
+
+def test_an_engine_may_opt_out_of_the_check() -> None:
+    compiled, stats = _engine_compiled(miscompiling, verify=False)
+    positions, weight = torch.linspace(0.1, 0.7, 3), torch.tensor([1.0, 2.0, 3.0])
+    want = _energy_and_count(positions, weight, torch.zeros((), dtype=torch.long))
+    got = float(compiled(positions, weight, torch.zeros((), dtype=torch.long)))
+    assert abs(got - float(want)) > OFF  # both graphs' numbers, as the backend made them
+    assert (stats.graphs, stats.checks) == (2, 0)
