@@ -134,6 +134,9 @@ class CheckedGraph:
         self.eager = graph
         self.stats = stats
         self.run: Callable[..., Any] = self._first
+        # Dynamo's disable() wrapper reads the name on every call: found here, not
+        # through __getattr__ (a raised AttributeError per call)
+        self.__name__ = getattr(compiled, "__name__", type(self).__name__)
 
     @staticmethod
     def before(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:

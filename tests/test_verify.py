@@ -208,3 +208,27 @@ def test_an_engine_may_opt_out_of_the_check() -> None:
     got = float(compiled(positions, weight, torch.zeros((), dtype=torch.long)))
     assert abs(got - float(want)) > OFF  # both graphs' numbers, as the backend made them
     assert (stats.graphs, stats.checks) == (2, 0)
+
+
+def test_an_engines_steady_call_reads_no_missing_attribute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamo's wrapper around a compiled graph reads its ``__name__`` on
+    every call. Before: ``CheckedGraph`` had none, so each steady call went
+    through ``__getattr__`` and a raised AttributeError (2.7 us per graph per
+    call, measured alone)."""
+    from ddpad._verify import CheckedGraph
+
+    misses: list[str] = []
+    delegate = CheckedGraph.__getattr__
+
+    def counted(self: CheckedGraph, name: str) -> Any:
+        misses.append(name)
+        return delegate(self, name)
+
+    monkeypatch.setattr(CheckedGraph, "__getattr__", counted)
+    compiled, stats = _engine_compiled("aot_eager")
+    weight, calls = torch.tensor([1.0, 2.0, 3.0]), torch.zeros((), dtype=torch.long)
+    compiled(torch.linspace(0.1, 0.7, 3), weight, calls)
+    misses.clear()
+    for _ in range(5):
+        compiled(torch.linspace(0.1, 0.7, 3), weight, calls)
+    assert stats.checks == 2 and misses == []
