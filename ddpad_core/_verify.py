@@ -97,9 +97,9 @@ def fresh(data: Any) -> Any:
 
 
 def _copy(value: Any) -> Any:
-    """A tensor input copied for the eager run (its own storage, the same
-    ``requires_grad``: a graph that differentiates inside needs it); other
-    inputs (symbolic sizes, ints) as they are."""
+    """A tensor input copied for the compiled graph's checked run (its own
+    storage, the same ``requires_grad``: a graph that differentiates inside
+    needs it); other inputs (symbolic sizes, ints) as they are."""
     if not isinstance(value, torch.Tensor):
         return value
     return value.detach().clone().requires_grad_(value.requires_grad)
