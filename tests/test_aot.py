@@ -114,7 +114,7 @@ def test_a_data_dependent_branch_falls_back_with_its_reason(caplog: pytest.LogCa
 def test_a_fallback_that_disagrees_with_the_eager_step_runs_eager(caplog: pytest.LogCaptureFixture) -> None:
     """Where the package is refused, torch.compile's first call at the caps
     is checked too (Inductor's CPU code for orb was wrong at one thread)."""
-    from test_verify import miscompiling  # (+1e-3 on every output: Inductor's wrong CPU code, as a backend)
+    from _miscompiling import miscompiling  # (+1e-3 on every output: Inductor's wrong CPU code, as a backend)
 
     model = _Branchy(3.0).double()
     wrapped = ddpad.wrap(model, toy.ADAPTER, compile_mode="aot", backend=miscompiling, cap_policy="headroom")
@@ -132,7 +132,7 @@ def test_each_caps_and_call_form_has_one_record_of_the_route_that_answered() -> 
     """The compile manager keeps, per caps and call form, which route answered
     it (package, torch.compile or eager) and whether a compiled graph or
     package exists for it (its caps are then ready for a later growth)."""
-    from test_verify import miscompiling
+    from _miscompiling import miscompiling
 
     def records(model: torch.nn.Module, **options: Any) -> list[tuple[str, bool]]:
         wrapped = ddpad.wrap(model, toy.ADAPTER, cap_policy="headroom", **options)

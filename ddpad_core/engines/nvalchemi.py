@@ -135,22 +135,20 @@ class _Accounting:
             self._sizer = TightCaps(policy)
 
     def compile_kwargs(self, backend: str = "inductor", *, compile_cache: str | os.PathLike[str] | None = None,
-                       model: torch.nn.Module | None = None, verify: bool = True,
-                       **options: Any) -> dict[str, Any]:
+                       model: torch.nn.Module | None = None, **options: Any) -> dict[str, Any]:
         """``compile_kwargs`` for nvalchemi's ``DistributedModel``: compile
         with ``backend`` and count graphs into :attr:`stats`
         (``stats.graphs_by_call`` is keyed by this padder's pad count).
         With ``compile_cache`` (and the ``model`` compiled, for its key) the
         graphs go through a compile store: the ranks sharing it compile each
         graph once (one compiles, the others wait and load), and under
-        ``cap_policy=None`` the caps are tight from then on. With ``verify``
-        (default, as :func:`ddpad.wrap`'s) each graph's first call is checked
-        against the same graph run eagerly: one that disagrees runs eagerly
-        from then on, with one warning (``stats.checks``,
-        ``stats.disagreements``)."""
+        ``cap_policy=None`` the caps are tight from then on. Each graph's
+        first call is checked against the same graph run eagerly: one that
+        disagrees runs eagerly from then on, with one warning
+        (``stats.checks``, ``stats.disagreements``; ``verify=False`` opts
+        out). ``options`` go to :func:`ddpad.counting_backend`."""
         self._size(cheap=compile_cache is not None and storable(backend))
-        return {"backend": counting_backend(self.stats, backend, compile_cache=compile_cache, model=model,
-                                            verify=verify, **options)}
+        return {"backend": counting_backend(self.stats, backend, compile_cache=compile_cache, model=model, **options)}
 
     @contextlib.contextmanager
     def _accounted(self, cap_state: dict[str, int]) -> Iterator[ScopedCaps]:
