@@ -35,6 +35,7 @@ import torch
 
 from ._capacity import CapResolution, TightCaps
 from ._ladder import Ladder, ladder, next_caps
+from ._registry import by_name
 from ._store import CompileStore, aot_binding, bind_store, storable
 from ._weights import packages_key
 
@@ -245,18 +246,36 @@ class WorkerError(Exception):
     """A worker could not be started (the message says why)."""
 
 
+def _sendable(adapter: Any) -> Any:
+    """What a worker gets of ``adapter``: its name where a fresh process
+    loads this very adapter by it (a built-in's, a plugin's), else the
+    adapter itself, pickled."""
+    return adapter.name if by_name(adapter) else adapter
+
+
+def reaches_worker(adapter: Any) -> bool:
+    """Whether a worker process can rebuild ``adapter``: by its name
+    (:func:`~._registry.by_name`), or from its pickle (an adapter built or
+    registered in a script, holding a lambda, has neither)."""
+    import pickle
+
+    sent = _sendable(adapter)
+    if isinstance(sent, str):
+        return True
+    try:
+        pickle.dumps(sent)
+    except Exception:  # noqa: BLE001 - any pickling failure
+        return False
+    return True
+
+
 def write_spec(folder: pathlib.Path, owner: _Owner, caps: Mapping[str, int], store_root: pathlib.Path,
                compile_kwargs: Mapping[str, Any], data: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
                options: Mapping[str, Any]) -> pathlib.Path:
     """Save what a worker needs to rebuild ``owner``'s model at ``caps`` and
     call it once on ``data`` (now: the caller may reuse its input's tensors
     before the worker starts); returns the spec's path."""
-    from ._registry import get
-
-    adapter: Any = owner.adapter.name
-    with contextlib.suppress(Exception):
-        if get(adapter) is not owner.adapter:
-            adapter = owner.adapter
+    adapter = _sendable(owner.adapter)
     spec = folder / f"{uuid.uuid4().hex}.pt"
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._aot import Packages, first_line
-from ._background import PACKAGE_BUILD, Background, PackageBuilds
+from ._background import PACKAGE_BUILD, Background, PackageBuilds, reaches_worker
 from ._capacity import CapResolution, TightCaps
 from ._ladder import Ladder
 from ._options import WrapOptions
@@ -338,10 +338,19 @@ def _store_root(cache: str | Any | None) -> pathlib.Path | None:
 
 def _builds_elsewhere(opts: WrapOptions, adapter: Adapter | None) -> bool:
     """Whether packages are built in worker processes (``aot_build``; None:
-    wherever a store and an adapter let a worker rebuild the model)."""
-    if opts.aot_build == "background" and adapter is None:
-        raise ValueError("ddpad: aot_build='background' needs an adapter (its workers rebuild the padder from it)")
-    return opts.aot_build == "background" or (opts.aot_build is None and adapter is not None)
+    wherever a store and an adapter let a worker rebuild the model: the
+    registry holds the adapter, or it pickles)."""
+    if opts.aot_build == "background":
+        if adapter is None:
+            raise ValueError("ddpad: aot_build='background' needs an adapter (its workers rebuild the padder from it)")
+        if not reaches_worker(adapter):
+            raise ValueError(f"ddpad: aot_build='background' needs an adapter a worker process can rebuild: the "
+                             f"registry holds none called {adapter.name!r} and this one does not pickle (a lambda "
+                             "or a local function among its hooks). Register it (the 'ddpad.adapters' entry point "
+                             "or ddpad.adapters.register), give it module-level functions, or pass "
+                             "aot_build='foreground'")
+        return True
+    return opts.aot_build is None and adapter is not None and reaches_worker(adapter)
 
 
 def _packages(model: torch.nn.Module, call: Callable[..., Any] | None, dynamo_config: Mapping[str, Any],

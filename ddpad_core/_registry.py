@@ -208,6 +208,19 @@ def register(adapter: Adapter, *, replace_existing: bool = False) -> None:
     _REGISTRY.register(adapter, replace_existing)
 
 
+def by_name(adapter: Adapter) -> bool:
+    """Whether another process gets this very ``adapter`` from its name: a
+    built-in's or a plugin's (an entry point; :func:`register` registers in
+    this process only, and a copy made here has no entry point)."""
+    builtins, plugins = _entry_points()
+    if adapter.name not in builtins and adapter.name not in plugins:
+        return False
+    try:
+        return get(adapter.name) is adapter
+    except Exception:  # noqa: BLE001 - a name that does not load here is no way back to it
+        return False
+
+
 def _check_adapter(name: str, obj: Any, origin: str) -> Adapter:
     if callable(obj) and not isinstance(obj, Adapter):
         obj = obj()

@@ -103,10 +103,11 @@ def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder 
     aot_build
         Where ``compile_mode="aot"`` builds a package the store lacks:
         ``"background"`` (the default with a compile store and an
-        adapter): a worker process builds it (``background_workers`` at
+        adapter a worker can rebuild: a built-in's or a plugin's, or one
+        that pickles): a worker process builds it (``background_workers`` at
         once) while this run uses ``torch.compile`` at those caps, and
         switches to the package once it is in the store; every later process
-        loads it. ``"foreground"`` (the default without a store): the call
+        loads it. ``"foreground"`` (the default otherwise): the call
         that needs it builds it (an AOTInductor build is several times a
         ``torch.compile``; see docs/pages/compile-store.md).
     verify

@@ -87,6 +87,9 @@ def main() -> None:
                         help="compile_mode='aot': each rank runs an ahead-of-time package of its whole step (the "
                              "owned atoms' energy and its gradient), built once into --compile-cache and loaded by "
                              "the other ranks")
+    parser.add_argument("--aot-build", choices=("background", "foreground"),
+                        help="with --aot, where a missing package is built (default: a worker process, while the "
+                             "run takes torch.compile; the run waits for it at its end, so the next run loads it)")
     parser.add_argument("--no-tensor-input", action="store_true",
                         help="build each step's input through ase.Atoms and the adapter's pipeline (default: from "
                              "the positions as tensors on the model's device, where the adapter can)")
@@ -138,8 +141,10 @@ def main() -> None:
         options["compile_cache"] = None if args.compile_cache == "none" else args.compile_cache
     if args.cap_policy:
         options["cap_policy"] = args.cap_policy
-    if args.aot:  # one rank builds each package (in the call that needs it), the others load it
+    if args.aot:  # one rank builds each package, the others load it
         options.update(compile_mode="aot")
+        if args.aot_build:
+            options["aot_build"] = args.aot_build
     potential = Potential(lmp, model, adapter, ["C"], pad=not args.no_pad, backend=args.backend,
                           tensor_input=False if args.no_tensor_input else None, **options)
 
@@ -158,6 +163,9 @@ def main() -> None:
         lmp.command("run 1 pre no post no")
         record()
     rate = args.steps / (time.perf_counter() - t1)
+    wrapped = potential.evaluator.wrapped
+    if wrapped is not None:
+        wrapped.finish_builds()  # packages still building in workers: the next run loads them
 
     stats = potential.stats
     ranks = comm.gather({
@@ -167,7 +175,7 @@ def main() -> None:
         "graphs_compiled": stats.graphs_compiled, "graphs_loaded": stats.graphs_loaded,
         "compile_s": stats.compile_seconds, "load_s": stats.load_seconds,
         "aot_compiled": stats.aot_compiled, "aot_loaded": stats.aot_loaded, "aot_checked": stats.aot_checked,
-        "aot_refused": stats.aot_refused,
+        "aot_refused": stats.aot_refused, "aot_background": stats.aot_background,
         "ghosts": [r.n_ghost for r in potential.records],
         "local": [r.n_local for r in potential.records],
         "callback_seconds": potential.log.seconds,

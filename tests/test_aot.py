@@ -4,6 +4,7 @@ take minutes to tens of minutes here, behind the ``inductor`` marker)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pathlib
@@ -262,6 +263,29 @@ def test_a_missing_package_is_built_in_the_background_while_torch_compile_runs(t
     again(frames[0])
     assert (again.stats.aot_loaded, again.stats.graphs, again.stats.aot_background) == (1, 0, 0)
     assert s.graphs == graphs  # the first model compiled nothing after it switched
+
+
+def test_an_adapter_no_worker_can_rebuild_builds_its_package_in_the_call(tmp_path: pathlib.Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """An adapter made in a script (here a renamed copy of the toy's, whose
+    hooks hold a lambda) is neither loaded by its name in another process nor
+    pickled: by default its packages are built in the call that needs them,
+    and asking for workers is one clear error. Before, the worker was sent
+    its name, failed (``unknown ddpad adapter``), and those caps ran
+    torch.compile with nothing built."""
+    adapter = dataclasses.replace(toy.ADAPTER, name="toy-copy")
+    model = toy.ADAPTER.tools.random_model()
+    frames = _frames(model, 2)
+    options = {"compile_mode": "aot", "compile_cache": tmp_path, "cap_policy": "headroom", "backend": "aot_eager"}
+    with caplog.at_level(logging.WARNING, logger="ddpad"), ddpad.wrap(model, adapter, **options) as wrapped:
+        outs = [wrapped(data) for data in frames]
+        s = wrapped.stats
+        assert (s.aot_compiled, s.aot_background, s.aot_checked, s.aot_refused, s.graphs) == (1, 0, 1, 0, 0)
+    assert not [r for r in caplog.records if "build" in r.getMessage() and "failed" in r.getMessage()]
+    for out, data in zip(outs, frames):
+        _same(out, model({k: v.clone() for k, v in data.items()}))
+    with pytest.raises(ValueError, match="needs an adapter a worker process can rebuild.*'toy-copy'"):
+        ddpad.wrap(model, adapter, aot_build="background", **options)
 
 
 def test_a_background_build_the_route_refuses_falls_back_with_its_reason(tmp_path: pathlib.Path,

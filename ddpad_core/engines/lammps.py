@@ -45,12 +45,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._adapter import Adapter
 from .._agreement import AgreementError, cap_agreement_over
 from .._evaluator import Evaluator, engine_wrap_options
 from .._stats import Stats
 from .._structures import Structures
 from .._version import install_command
-from .._registry import resolve_adapter
+from .._registry import by_name, resolve_adapter
 
 __all__ = ["OwnedEnergy", "Potential", "StepRecord"]
 
@@ -93,19 +94,30 @@ class OwnedEnergy:
         return {self.energy_key: energies.detach(), "owned_energy": total.detach(), "forces": -grad}
 
 
-def _owned_energy_adapter(adapter: Any) -> Any:
-    """``adapter`` with :class:`OwnedEnergy` as its step, under its own name
-    (``"<name>:owned"``): its graphs and packages are keyed apart from the
-    adapter's own step. Its unpadded reference is that step on a copy of
-    the input (an adapter's ``evaluate`` may copy the input itself, which
-    the gradient must reach)."""
+class _OwnedAdapter(Adapter):
+    """An adapter whose step is :class:`OwnedEnergy`. It pickles as its
+    making from the adapter it was made from (by name where another process
+    loads that by its name), so a package build worker runs this step."""
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        base = self.__dict__["base"]
+        return _owned_energy_adapter, (base.name if by_name(base) else base,)
+
+
+def _owned_energy_adapter(adapter: Any) -> Adapter:
+    """``adapter`` (or its registered name) with :class:`OwnedEnergy` as its
+    step, under its own name (``"<name>:owned"``): its graphs and packages
+    are keyed apart from the adapter's own step. Its unpadded reference is
+    that step on a copy of the input (an adapter's ``evaluate`` may copy the
+    input itself, which the gradient must reach)."""
+    adapter = resolve_adapter(adapter)
     engine = adapter.engine
-    return dataclasses.replace(
-        adapter,
-        name=f"{adapter.name}:owned",
-        call=OwnedEnergy(adapter.call, engine.atom_energy_key, engine.positions_key),
-        evaluate=None,
-    )
+    fields = {f.name: getattr(adapter, f.name) for f in dataclasses.fields(adapter)}
+    fields.update(name=f"{adapter.name}:owned", evaluate=None,
+                  call=OwnedEnergy(adapter.call, engine.atom_energy_key, engine.positions_key))
+    owned = _OwnedAdapter(**fields)
+    object.__setattr__(owned, "base", adapter)  # (frozen: set once, here)
+    return owned
 
 
 @dataclass
@@ -219,9 +231,6 @@ class Potential:
         if check_ghosts:
             self._check_ghost_cutoff()
         compile = wrap_kwargs.pop("compile", True)
-        if wrap_kwargs.get("compile_mode") == "aot":
-            # a worker rebuilds a registered adapter by its name; this step is the engine's own
-            wrap_kwargs.setdefault("aot_build", "foreground")
         self.evaluator = Evaluator(model, _owned_energy_adapter(self.adapter), pad=pad, compile=compile,
                                    tensor_input=tensor_input,
                                    **engine_wrap_options(wrap_kwargs, pad=pad, compile=compile))
