@@ -35,7 +35,7 @@ import torch
 
 from ._capacity import CapResolution, TightCaps
 from ._ladder import Ladder, ladder, next_caps
-from ._registry import by_name
+from ._registry import portable
 from ._store import CompileStore, aot_binding, bind_store, storable
 from ._weights import packages_key
 
@@ -246,20 +246,13 @@ class WorkerError(Exception):
     """A worker could not be started (the message says why)."""
 
 
-def _sendable(adapter: Any) -> Any:
-    """What a worker gets of ``adapter``: its name where a fresh process
-    loads this very adapter by it (a built-in's, a plugin's), else the
-    adapter itself, pickled."""
-    return adapter.name if by_name(adapter) else adapter
-
-
 def reaches_worker(adapter: Any) -> bool:
     """Whether a worker process can rebuild ``adapter``: by its name
-    (:func:`~._registry.by_name`), or from its pickle (an adapter built or
+    (:func:`~._registry.portable`), or from its pickle (an adapter built or
     registered in a script, holding a lambda, has neither)."""
     import pickle
 
-    sent = _sendable(adapter)
+    sent = portable(adapter)
     if isinstance(sent, str):
         return True
     try:
@@ -275,7 +268,7 @@ def write_spec(folder: pathlib.Path, owner: _Owner, caps: Mapping[str, int], sto
     """Save what a worker needs to rebuild ``owner``'s model at ``caps`` and
     call it once on ``data`` (now: the caller may reuse its input's tensors
     before the worker starts); returns the spec's path."""
-    adapter = _sendable(owner.adapter)
+    adapter = portable(owner.adapter)
     spec = folder / f"{uuid.uuid4().hex}.pt"
     try:
         folder.mkdir(parents=True, exist_ok=True)

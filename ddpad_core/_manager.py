@@ -338,17 +338,17 @@ def _store_root(cache: str | Any | None) -> pathlib.Path | None:
 
 def _builds_elsewhere(opts: WrapOptions, adapter: Adapter | None) -> bool:
     """Whether packages are built in worker processes (``aot_build``; None:
-    wherever a store and an adapter let a worker rebuild the model: the
-    registry holds the adapter, or it pickles)."""
+    wherever a store and an adapter let a worker rebuild the model: another
+    process loads the adapter by its name, or it pickles)."""
     if opts.aot_build == "background":
         if adapter is None:
             raise ValueError("ddpad: aot_build='background' needs an adapter (its workers rebuild the padder from it)")
         if not reaches_worker(adapter):
-            raise ValueError(f"ddpad: aot_build='background' needs an adapter a worker process can rebuild: the "
-                             f"registry holds none called {adapter.name!r} and this one does not pickle (a lambda "
-                             "or a local function among its hooks). Register it (the 'ddpad.adapters' entry point "
-                             "or ddpad.adapters.register), give it module-level functions, or pass "
-                             "aot_build='foreground'")
+            raise ValueError(f"ddpad: aot_build='background' needs an adapter a worker process can rebuild: no "
+                             f"built-in or plugin adapter {adapter.name!r} is this one, and it does not pickle (a "
+                             "lambda or a local function among its hooks). Publish it as a plugin (the "
+                             "'ddpad.adapters' entry point; ddpad.adapters.register reaches this process only), "
+                             "give it module-level functions, or pass aot_build='foreground'")
         return True
     return opts.aot_build is None and adapter is not None and reaches_worker(adapter)
 

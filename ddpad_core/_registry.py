@@ -6,6 +6,7 @@ for the process; adapters registered in the process beside them. Public as
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -208,17 +209,18 @@ def register(adapter: Adapter, *, replace_existing: bool = False) -> None:
     _REGISTRY.register(adapter, replace_existing)
 
 
-def by_name(adapter: Adapter) -> bool:
-    """Whether another process gets this very ``adapter`` from its name: a
-    built-in's or a plugin's (an entry point; :func:`register` registers in
-    this process only, and a copy made here has no entry point)."""
+def portable(adapter: Adapter) -> Adapter | str:
+    """``adapter`` as another process (a build worker) gets it: its name
+    where that process loads this very adapter by it (a built-in's or a
+    plugin's entry point; :func:`register` registers in this process only,
+    and a copy made here has no entry point), else the adapter itself, to be
+    pickled."""
     builtins, plugins = _entry_points()
-    if adapter.name not in builtins and adapter.name not in plugins:
-        return False
-    try:
-        return get(adapter.name) is adapter
-    except Exception:  # noqa: BLE001 - a name that does not load here is no way back to it
-        return False
+    if adapter.name in builtins or adapter.name in plugins:
+        with contextlib.suppress(Exception):  # (a name that does not load here is no way back to it)
+            if get(adapter.name) is adapter:
+                return adapter.name
+    return adapter
 
 
 def _check_adapter(name: str, obj: Any, origin: str) -> Adapter:

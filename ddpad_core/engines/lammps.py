@@ -51,7 +51,7 @@ from .._evaluator import Evaluator, engine_wrap_options
 from .._stats import Stats
 from .._structures import Structures
 from .._version import install_command
-from .._registry import by_name, resolve_adapter
+from .._registry import portable, resolve_adapter
 
 __all__ = ["OwnedEnergy", "Potential", "StepRecord"]
 
@@ -100,8 +100,7 @@ class _OwnedAdapter(Adapter):
     loads that by its name), so a package build worker runs this step."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any]]:
-        base = self.__dict__["base"]
-        return _owned_energy_adapter, (base.name if by_name(base) else base,)
+        return _owned_energy_adapter, (portable(self.__dict__["base"]),)
 
 
 def _owned_energy_adapter(adapter: Any) -> Adapter:
