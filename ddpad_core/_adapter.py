@@ -126,6 +126,14 @@ class ToolHooks:
     torchsim_model
         ``model -> torch-sim model``: the package's own torch-sim model around
         ``model``, the baseline of the torch-sim rows (likewise).
+    foundation_models
+        ``() -> {name: () -> model}``: the configurations users run, each
+        built without a download: a trained model the package ships, or a
+        published foundation architecture built by the package's own config
+        code (random weights where none ship). The conformance kit runs each
+        (:func:`ddpad.testing.check_real_model`): random test weights in
+        small test configurations miss what real ones do (sevenn's envelope
+        beyond the cutoff sent SevenNet-0's dead rows to NaN).
     """
 
     random_model: Callable[[torch.dtype, str], torch.nn.Module] | None = None
@@ -136,6 +144,7 @@ class ToolHooks:
     native_padding: Callable[[torch.nn.Module], Callable[[Any], Any]] | None = None
     ase_calculator: Callable[[torch.nn.Module], Any] | None = None
     torchsim_model: Callable[[torch.nn.Module], Any] | None = None
+    foundation_models: Callable[[], Mapping[str, Callable[[], torch.nn.Module]]] | None = None
 
     def __post_init__(self) -> None:
         for hook in ("random_model", "load_model"):

@@ -33,7 +33,7 @@ from ._routes import (CompiledRoute, EagerRoute, Key, PackageRoute, Records, Reg
                       SeamPackageRoute, State, Step, part_key)
 from ._stats import Stats
 from ._store import CompileStore, StoreBinding, aot_binding, bind_store
-from ._verify import check, fresh
+from ._verify import check, fresh, nonfinite
 from ._warm import warm
 
 if TYPE_CHECKING:
@@ -84,6 +84,7 @@ class CompileManager:
         self.stats = Stats(caps=dict(caps), ladder=self.ladder, records=self.table)
         self.records: dict[Key, Record] = {}  # by caps and call form: the route that answered
         self._model = model
+        self._adapter = adapter.name if adapter is not None else None
         self.store_binding: StoreBinding | None = None
         self.background: Background | None = None
         self.aot: Packages | None = None  # compile_mode="aot": packages first, torch.compile where refused
@@ -228,14 +229,42 @@ class CompileManager:
             self.table.set(route.name, key, State.READY)
             return out
         ref, why = check(self.stats, self._model, out, lambda: route.reference(step, before))
+        dead = self._nonfinite(ref, step)
         if why is None:
             self.table.set(route.name, key, State.CHECKED)
             route.passed(key)
             return out
+        if dead:
+            why += f"; the eager step also has NaN or inf in dead rows ({', '.join(dead)})"
         self._refuse(route, key, step, f"disagrees with the eager step ({why}; a compiler bug: report it to "
                                        "PyTorch)" if route.fallible else why)
         step.route = EagerRoute.name
         return ref
+
+    def _nonfinite(self, ref: Any, step: Step) -> list[str]:
+        """The outputs of the eager step ``ref`` with NaN or inf in dead rows
+        only (a padding defect: counted, and said once); NaN or inf in a
+        real row is an error, whatever the compiled step gave: the step's
+        own, not the compiler's."""
+        names = nonfinite(ref)
+        if not names:  # (nearly every check)
+            return []
+        owner = self._owner()
+        seam = owner is None or getattr(owner, "pad_in_forward", True)
+        real = names if seam else nonfinite(owner.padder.unpad(ref))
+        caps = dict(step.caps) if step.caps is not None else "?"
+        if real:
+            raise FloatingPointError(
+                f"ddpad: the eager step gives NaN or inf in real rows ({', '.join(real)}) at caps {caps}: not a "
+                f"compiler bug. Either the model's own answer on this input is not finite (run the unpadded "
+                f"model on it) or adapter {self._adapter!r}'s padding leaks into real rows")
+        if not self.stats.dead_nonfinite:
+            log.warning("ddpad: adapter %r's padded eager step gives NaN or inf in dead rows only (%s) at caps %s: "
+                        "the real rows are finite and used, and a compiled step with the same NaN there is kept; "
+                        "a padding defect in the adapter's dead atoms or edges (they must stay finite), not a "
+                        "compiler bug", self._adapter, ", ".join(names), caps)
+        self.stats.dead_nonfinite += 1
+        return names
 
     def _refuse(self, route: Route, key: Hashable, step: Step, why: str) -> None:
         """``key`` is refused: the route below answers it from now on (the

@@ -104,6 +104,10 @@ class Stats:
     eager_forms
         Caps and call forms that run eager: their ``torch.compile`` graph
         disagreed with the eager step.
+    dead_nonfinite
+        First-use checks whose eager step held NaN or inf in dead rows only
+        (a padding defect of the adapter's: the real rows were finite, and
+        the compiled step, with the same NaN there, was kept).
     aot_compiled, aot_loaded, aot_checked, aot_refused, aot_seconds, aot_load_seconds
         ``compile_mode="aot"``: packages built (traced, exported, compiled by
         AOTInductor) and loaded from the store, packages whose first call
@@ -156,6 +160,7 @@ class Stats:
     disagreements: int = 0
     check_seconds: float = 0.0
     eager_forms: int = 0
+    dead_nonfinite: int = 0
     ladder: Ladder = field(default_factory=Ladder, repr=False, compare=False)
     # the compile manager's records (``_routes.Records``: what each route holds per key), read by ``routes``
     records: Any = field(default=None, repr=False, compare=False)
@@ -377,6 +382,8 @@ class Stats:
                 f"{self.disagreements} disagreed ({self.check_seconds:.2f} s)")
         if self.eager_forms:
             line += f" ({self.eager_forms} caps / call form(s) run eager: see the warnings above)"
+        if self.dead_nonfinite:
+            line += f" ({self.dead_nonfinite} with NaN or inf in dead rows: see the warning above)"
         return line
 
     def as_dict(self) -> dict[str, Any]:
@@ -408,7 +415,7 @@ _COMPILE_FIELDS = (
     "background_started", "background_used", "background_wasted", "graphs_uncached",
     "rungs_warmed", "rungs_used", "warm_seconds",
     "aot_compiled", "aot_loaded", "aot_checked", "aot_refused", "aot_seconds", "aot_load_seconds", "aot_background",
-    "checks", "disagreements", "check_seconds", "eager_forms",
+    "checks", "disagreements", "check_seconds", "eager_forms", "dead_nonfinite",
 )
 
 

@@ -20,9 +20,14 @@ class and inherits every check::
         def trajectory(self):        # default: made from adapter.tools.default_system()
             return [...]             # ase.Atoms or lists of them, counts changing
 
+        @pytest.fixture
+        def foundation_models(self): # default: adapter.tools.foundation_models()
+            return {"my-model-1": lambda: load("my-model-1.pt")}   # the configurations users run
+
 Each check is also a function (``check_exact``, ``check_dead_rows``,
 ``check_call_forms``, ``check_autograd``, ``check_engine_hooks``, ``check_empty_rejected``,
-``check_torchsim``, ``check_tensor_input``, ``check_tight``, ``check_aot``) for use outside pytest classes. Needs pytest and ase;
+``check_torchsim``, ``check_tensor_input``, ``check_tight``, ``check_aot``, ``check_real_model``) for use
+outside pytest classes. Needs pytest and ase;
 the torch-sim check runs where torch-sim is installed and is skipped
 (saying so) where it is not.
 """
@@ -51,6 +56,7 @@ __all__ = [
     "check_engine_hooks",
     "check_exact",
     "check_graphs",
+    "check_real_model",
     "check_tensor_input",
     "check_tight",
     "check_torchsim",
@@ -114,6 +120,31 @@ def check_exact(
         worst = max(worst, _compare(out, ref, atol=atol, rtol=rtol, where=f"step {step}"))
     check_graphs(wrapped)
     return wrapped, worst
+
+
+def check_real_model(
+    adapter: Any, model: torch.nn.Module, structures: Sequence[Any], *, atol: float, rtol: float = 0.0,
+    backend: str = "aot_eager", **wrap_kwargs: Any,
+) -> PaddedModel:
+    """A configuration users run (:attr:`ToolHooks.foundation_models`) through
+    the padded model compiled by ``backend``, every graph checked on its
+    first use: each structure's outputs equal the unpadded eager model's
+    and are finite; no padded output row held NaN or inf, dead rows
+    included (the first-use checks saw each caps' padded outputs:
+    ``stats.dead_nonfinite == 0``); and the compiled route answered every
+    caps (``stats.eager_forms == 0``), one graph plus one per growth.
+    Returns the wrapped model."""
+    adapter = resolve_adapter(adapter)
+    wrapped, _ = check_exact(adapter, model, structures, atol=atol, rtol=rtol, backend=backend, **wrap_kwargs)
+    stats = wrapped.stats
+    assert stats.checks >= 1, "no compiled graph was checked on its first use"
+    assert stats.dead_nonfinite == 0, (
+        f"{stats.dead_nonfinite} padded step(s) held NaN or inf in dead rows: the padding is not inert on "
+        "this configuration (see the warning)")
+    assert stats.eager_forms == 0 and stats.disagreements == 0, (
+        f"{stats.eager_forms} caps ran eager, {stats.disagreements} check(s) disagreed: the compiled route "
+        "was not taken (see the warnings)")
+    return wrapped
 
 
 def check_tight(
@@ -468,7 +499,9 @@ class AdapterTests:
     asserts that it falls back, exactly). ``test_exact_through_aot`` builds
     AOTInductor packages (minutes for a real model on a CPU) and carries
     the ``inductor`` marker: register it in the plugin's pytest config.
-    Fixtures to override: ``model``, ``trajectory``.
+    Fixtures to override: ``model``, ``trajectory``, ``foundation_models``
+    (the configurations users run, each through :func:`check_real_model`
+    at ``foundation_atol``: trained float32 models on their own elements).
     """
 
     adapter: Any = None
@@ -478,6 +511,7 @@ class AdapterTests:
     backend: str = "aot_eager"
     poison_scale: float = 1.0e3
     aot_route: bool | str = True  # True: takes compile_mode="aot"; a string: the reason it is refused
+    foundation_atol: float = 1e-4  # foundation models: float32, energies of hundreds of eV
 
     @pytest.fixture
     def resolved(self) -> Any:
@@ -494,6 +528,11 @@ class AdapterTests:
     @pytest.fixture
     def trajectory(self, resolved: Any) -> list[Any]:
         return default_trajectory(resolved)
+
+    @pytest.fixture
+    def foundation_models(self, resolved: Any) -> Mapping[str, Any]:
+        hook = resolved.tools.foundation_models
+        return dict(hook()) if hook is not None else {}
 
     def test_trajectory_changes_counts(self, trajectory: list[Any]) -> None:
         counts = [_counts(s) for s in trajectory]
@@ -543,6 +582,21 @@ class AdapterTests:
         else:
             assert result["refused"], f"compile_mode='aot' was expected to refuse ({self.aot_route!r}) and did not"
             assert all(self.aot_route in why for why in result["refused"].values()), result["refused"]
+
+    def test_foundation_configurations(self, resolved: Any, foundation_models: Mapping[str, Any],
+                                       trajectory: list[Any]) -> None:
+        """Each configuration users run: exact, finite in every padded row, compiled."""
+        if not foundation_models:
+            pytest.skip(f"adapter {resolved.name!r} names no foundation configuration: override the "
+                        "'foundation_models' fixture")
+        singles = [s for s in trajectory if not isinstance(s, (list, tuple))][:3]
+        for name, build in foundation_models.items():
+            model = build()
+            try:
+                check_real_model(resolved, model, singles, atol=self.foundation_atol, rtol=self.rtol,
+                                 backend=self.backend)
+            except AssertionError as exc:
+                raise AssertionError(f"foundation configuration {name!r}: {exc}") from exc
 
     def test_tensor_input(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
         check_tensor_input(resolved, model, trajectory, atol=self.atol, rtol=self.rtol, backend=self.backend)

@@ -147,6 +147,27 @@ def test_coo_anchor_pair_without_shifts(data: dict[str, torch.Tensor], layout: s
     assert bool((vec[dead].norm(dim=-1) > CUTOFF).all())
 
 
+def test_coo_dead_edges_at_the_cutoff() -> None:
+    """``dead_edge_length``: dead edges exactly as long as the cutoff (where a
+    polynomial envelope that grows beyond it, sevenn's, is zero), self-loop
+    shifts and the anchor pair alike; the dead atoms still sit
+    ``dead_length`` out; shorter than the cutoff is refused."""
+    pos = torch.rand(5, 3, dtype=torch.float64)
+    base = {"positions": pos, "edge_index": torch.tensor([[0, 1], [1, 0]]), "batch": torch.zeros(5, dtype=torch.long),
+            "ptr": torch.tensor([0, 5])}
+    loop = COOPadder(CUTOFF, edge_fields={"shifts": Fill.DEAD_SHIFT}, dead_edge_length=CUTOFF)
+    out = loop.pad(dict(base, shifts=torch.zeros(2, 3, dtype=torch.float64)), {})
+    assert torch.equal(out["shifts"][2:], torch.tensor([[CUTOFF, 0.0, 0.0]], dtype=torch.float64).expand(
+        out["shifts"].shape[0] - 2, 3))
+    assert float(out["positions"][5:].min()) >= float(pos.max()) + loop.dead_length - 1e-12
+    pair = COOPadder(CUTOFF, dead_edge_length=CUTOFF)
+    out = pair.pad(dict(base), {})
+    dead = out["positions"][-2:]
+    assert float((dead[1] - dead[0]).norm()) == CUTOFF and loop.dead_length == 2 * CUTOFF + 1
+    with pytest.raises(ValueError, match="dead_edge_length 2.4 is inside the cutoff 2.5"):
+        COOPadder(CUTOFF, dead_edge_length=CUTOFF - 0.1)
+
+
 def test_coo_none_is_noop_and_overflow_names_key() -> None:
     padder = mace_like()
     assert padder.pad(None, {}) is None

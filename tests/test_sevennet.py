@@ -167,9 +167,9 @@ def test_dead_rows_are_inert_and_nan_free() -> None:
     clean, raw = padder.unpad(clean), padder.unpad(raw)
     for key in KEYS:
         assert torch.equal(clean[key], raw[key]), key
-    # every dead edge is a self-loop on a dead atom, longer than the cutoff
+    # every dead edge is a self-loop on a dead atom, as long as the cutoff (where sevenn's envelopes vanish)
     index = padded["edge_index"][:, e:]
-    assert bool((index >= n).all()) and bool((padded["edge_vec"][e:].norm(dim=-1) > CUTOFF).all())
+    assert bool((index >= n).all()) and bool((padded["edge_vec"][e:].norm(dim=-1) == CUTOFF).all())
 
 
 def test_compile_copy_takes_its_sizes_from_the_padded_shapes() -> None:
@@ -231,8 +231,9 @@ def test_precompile_aot_then_a_fresh_run_loads_and_checks_the_package(tmp_path: 
 def test_huge_dead_edges_overflow_only_the_dead_system() -> None:
     """sevenn's polynomial envelope grows as r**8 beyond the cutoff: dead edge
     vectors hundreds of cutoffs long overflow float32 in the dead system. The
-    dead system is its own: real outputs stay finite and exact (why ddpad's
-    dead edges are only ``2 cutoff + 1`` long)."""
+    dead system is its own: real outputs stay finite and exact (ddpad's dead
+    edges are as long as the cutoff, where the envelope is zero:
+    :func:`test_sevennet0_padded_step_is_finite_in_every_row`)."""
     from ddpad.adapters.sevennet import _step, prepare_model
 
     model = prepare_model(random_model())
@@ -384,3 +385,106 @@ def test_message_layers_are_the_convolutions() -> None:
     adapter = adapters.get("sevennet")
     for n in (2, 3):
         assert adapter.engine.message_layers(adapter.tools.random_model(torch.float32, "cpu", num_convolutions=n)) == n
+
+
+# --- the trained models sevenn ships (sevenn/pretrained_potentials/) ---------------------------------------
+
+
+def silicon(seed: int = 0) -> Any:
+    """64 atoms of rattled diamond silicon."""
+    atoms = bulk("Si", "diamond", a=5.43, cubic=True) * (2, 2, 2)
+    atoms.rattle(0.05, seed=seed)
+    return atoms
+
+
+def test_sevennet0_padded_step_is_finite_in_every_row() -> None:
+    """Before: SevenNet-0's padded step had NaN in the dead system (its dead
+    edges 2 cutoff + 1 long, where sevenn's polynomial envelope is -2726:
+    five interactions over hundreds of dead edges overflowed the dead atom's
+    features), so every first-use check refused the compiled graph. Dead
+    edges at the cutoff, where the envelope is zero, leave every row finite,
+    real rows as the unpadded model gives them."""
+    from ddpad.adapters.sevennet import _step, prepare_model
+
+    model = sevennet_adapter.load_model("7net-0")
+    prepared = prepare_model(model)
+    data = adapters.get("sevennet").engine.build_input(model, silicon())
+    padder = make_padder(model)
+    padded = padder.pad({k: v.clone() for k, v in data.items()}, {})
+    assert padded["pos"].shape[0] > data["pos"].shape[0]
+    out = _step(prepared, padded)
+    for key, value in out.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            assert torch.isfinite(value).all(), f"{key}: NaN or inf in the padded step"
+    assert_exact(padder.unpad(out), adapters.get("sevennet").reference(model, data), atol=1e-4)
+
+
+def test_pretrained_names_load_without_a_download() -> None:
+    """The names sevenn resolves to the files its wheel ships load; before,
+    every name was refused as "not a file". A name sevenn would download is
+    one line saying so, and nothing is downloaded."""
+    from sevenn.util import pretrained_name_to_path
+
+    shipped = sevennet_adapter.shipped_models()
+    assert {"7net-0", "7net-l3i5", "7net-mf-0"} <= set(shipped)
+    model = sevennet_adapter.load_model("7net-0")
+    same = sevennet_adapter.load_model("SevenNet-0_11July2024")
+    from_file = sevennet_adapter.load_model(pretrained_name_to_path("7net-0"))  # (a shipped file: no download)
+    for a, b, c in zip(model.parameters(), same.parameters(), from_file.parameters()):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    with pytest.raises(FileNotFoundError, match="'nope'.*7net-0"):
+        sevennet_adapter.load_model("nope")
+    if not any(os.path.isfile(p) for p in sevennet_adapter._pretrained_paths("omat")):
+        with pytest.raises(FileNotFoundError, match="not on this machine: sevenn would download it, ddpad never"):
+            sevennet_adapter.load_model("7net-omat")
+    if not any(os.path.isfile(p) for p in sevennet_adapter._pretrained_paths("omni")):
+        from _cli import ddpad as cli
+
+        done = cli("run", "sevennet", "--model", "7net-omni", "--steps", "1")
+        assert done.returncode == 2 and done.stderr.count("ddpad: error:") == 1, done.stderr
+        assert "'7net-omni' does not exist: '7net-omni' is a sevenn pretrained model that is not on this " \
+               "machine: sevenn would download it, ddpad never does" in done.stderr
+
+
+@pytest.mark.slow
+def test_sevennet0_compiled_by_inductor_exact_and_stable_in_nve() -> None:
+    """SevenNet-0 as a user runs it: the ASE calculator compiled by Inductor,
+    against sevenn's own ``SevenNetCalculator`` on a crystal and a molecule
+    in a box (one compiled graph: the molecule fits the crystal's caps), the
+    compiled route taken with every padded row finite, and 20 NVE steps
+    whose energy drift is within twice sevenn's own over the same steps.
+    Before: every graph was refused for NaN in its dead rows and ran eager."""
+    from ase import units
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+    from ase.md.verlet import VelocityVerlet
+    from sevenn.calculator import SevenNetCalculator
+
+    model = sevennet_adapter.load_model("7net-0")
+    calc = ddpad.ase.Calculator(model, "sevennet", backend="inductor", compile_cache=None, cap_policy="headroom")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        native = SevenNetCalculator("7net-0", device="cpu")
+    in_box = molecule("CH3CH2OH")
+    in_box.cell, in_box.pbc = [12.0, 12.0, 12.0], True
+    in_box.center()
+    for atoms in (silicon(1), silicon(2), in_box):
+        ours, theirs = atoms.copy(), atoms.copy()
+        ours.calc, theirs.calc = calc, native
+        energy = theirs.get_potential_energy()  # within 8 float32 ulps of the total (sevenn sums it in float32)
+        assert abs(ours.get_potential_energy() - energy) <= 8 * float(np.spacing(np.float32(abs(energy))))
+        np.testing.assert_allclose(ours.get_forces(), theirs.get_forces(), rtol=0, atol=2e-5)
+        np.testing.assert_allclose(ours.get_stress(), theirs.get_stress(), rtol=0, atol=2e-6)
+
+    def drift(calculator: Any) -> float:
+        atoms = silicon(3)
+        MaxwellBoltzmannDistribution(atoms, temperature_K=600, rng=np.random.default_rng(0))
+        atoms.calc = calculator
+        start = atoms.get_total_energy()
+        VelocityVerlet(atoms, timestep=1.0 * units.fs).run(20)
+        return abs(atoms.get_total_energy() - start)
+
+    ours, theirs = drift(calc), drift(native)
+    assert ours <= 2 * theirs + 1e-4, f"NVE drift {ours:.3g} eV, sevenn's own {theirs:.3g} eV"
+    stats = calc.wrapped.stats
+    assert stats.eager_forms == 0 and stats.dead_nonfinite == 0 and stats.checks >= 1, stats.checks_line()
+    check_compiles(stats)

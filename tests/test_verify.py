@@ -15,6 +15,7 @@ import ddpad_toy_plugin as toy
 from _miscompiling import OFF, miscompiling
 from _mpnn import MPNN, trajectory
 from ddpad import PaddedModel
+from ddpad._verify import disagreement, nonfinite
 from test_runtime import SeamModel, assert_same, compile_core, padded_model, padder
 
 def _reference(model: torch.nn.Module, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -218,3 +219,60 @@ def test_an_engines_steady_call_reads_no_missing_attribute(monkeypatch: pytest.M
     for _ in range(5):
         compiled(torch.linspace(0.1, 0.7, 3), weight, calls)
     assert stats.checks == 2 and misses == []
+
+
+class _NonFinite(MPNN):
+    """An MPNN whose per-atom energies are NaN in dead rows (``where="dead"``:
+    the padded rows, whose species one-hot is all zero) or in the first real
+    row (``where="real"``), as a padding defect or a model's own NaN would be."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+
+    def forward(self, data: dict[str, torch.Tensor], compute_stress: bool = True) -> dict[str, torch.Tensor]:
+        out = super().forward(data, compute_stress)
+        rows = data["node_attrs"].sum(-1) == 0 if self.where == "dead" else torch.arange(
+            out["node_energy"].shape[0], device=out["node_energy"].device) == 0
+        out["node_energy"] = torch.where(rows, torch.nan, out["node_energy"])
+        return out
+
+
+def test_nan_in_the_same_places_is_no_disagreement() -> None:
+    nan = float("nan")
+    same = {"e": torch.tensor([nan, 1.0]), "f": torch.tensor([[0.5, float("inf")]])}
+    assert disagreement(same, {k: v.clone() for k, v in same.items()}) is None
+    assert disagreement({"e": torch.tensor([1.0, 1.0])}, {"e": torch.tensor([nan, 1.0])}) == \
+        "output ['e']: NaN or inf in other places than the eager step's"
+    assert "output ['e']: max deviation" in disagreement({"e": torch.tensor([nan, 1.1])},
+                                                          {"e": torch.tensor([nan, 1.0])})
+    assert disagreement({"e": torch.tensor([-float("inf")])}, {"e": torch.tensor([float("inf")])}) is not None
+    assert nonfinite({"e": torch.tensor([nan]), "f": torch.ones(2), "n": torch.tensor([1])}) == ["['e']"]
+
+
+def test_nan_in_dead_rows_is_a_padding_defect_not_a_compiler_bug(caplog: pytest.LogCaptureFixture) -> None:
+    """Before: the check counted the eager step's own NaN in dead rows as a
+    disagreement, blamed the compiler and ran every caps eager (SevenNet-0)."""
+    model = _NonFinite("dead")
+    wrapped = padded_model(model, backend="aot_eager", cap_policy="headroom")
+    with caplog.at_level(logging.WARNING, logger="ddpad"):
+        for data in trajectory(6, (1, 3), seed=3):
+            out, ref = wrapped(data), _reference(model, data)
+            assert torch.isfinite(out["node_energy"]).all()
+            assert_same(out, ref)
+    s = wrapped.stats
+    assert s.checks == 1 + s.growth_calls == s.dead_nonfinite
+    assert s.disagreements == s.eager_forms == 0
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert "dead rows only (['node_energy'])" in lines[0] and "not a compiler bug" in lines[0]
+    assert "report it to PyTorch" not in lines[0]
+    assert "with NaN or inf in dead rows" in s.checks_line()
+
+
+def test_nan_in_a_real_row_is_an_error_naming_the_output() -> None:
+    """Before: a warning blamed the compiler and the NaN was returned."""
+    wrapped = padded_model(_NonFinite("real"), backend="aot_eager")
+    with pytest.raises(FloatingPointError, match=r"NaN or inf in real rows \(\['node_energy'\]\).*not a compiler"):
+        wrapped(trajectory(1, 1, seed=5)[0])
+    assert wrapped.stats.eager_forms == 0

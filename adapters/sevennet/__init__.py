@@ -19,10 +19,13 @@ batch mode; its output is that dict with ``inferred_total_energy [S]``,
   one-hot index -1, which ``one_hot`` rejects. Joined to a real system they
   would add the species-wise energy shift to its energy.
 - Dead edges are self-loops on the last dead atom whose ``edge_vec`` is
-  ``(2 cutoff + 1, 0, 0)``. sevenn's envelopes (``poly_cut``, ``XPLOR``) are
-  not zero beyond the cutoff, so dead edges do carry messages, but only
-  between dead atoms: real atoms stay exact because no real edge touches a
-  dead atom and the dead atoms are a system of their own. The length keeps
+  ``(cutoff, 0, 0)``: exactly at the cutoff, where sevenn's envelopes
+  (``PolynomialCutoff``, ``XPLORCutoff``) are zero. Beyond it they are
+  polynomials that grow without bound (``poly_cut`` with p = 6 is -2726 at
+  ``2 cutoff + 1``), and on SevenNet-0 (5 interactions, hundreds of dead
+  edges on one atom) the dead atom's features overflowed to NaN: real rows
+  stayed exact, but every first-use check saw NaN. No real edge touches a
+  dead atom and the dead atoms are a system of their own; the length keeps
   the Bessel basis away from ``r = 0``. The dead system counts the dead
   atoms in ``num_atoms`` (sevenn sizes its force buffer with their sum) and
   has ``cell_volume`` 1.
@@ -100,7 +103,8 @@ def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
 
     Dead atoms get the smallest atomic number in the model's ``type_map`` (a
     valid species: 0 breaks sevenn's one-hot); dead edges are self-loops whose
-    ``edge_vec`` is longer than the cutoff. ``unpad`` also slices the two
+    ``edge_vec`` is as long as the cutoff, where sevenn's envelopes are zero
+    (beyond it they are not: ``dead_edge_length`` of :class:`ddpad.COOPadder`). ``unpad`` also slices the two
     fields sevenn passes through from its input that are not sliced by
     rows: the edge index ``[2, E]`` (along edges) and ``ptr [S + 1]``.
     """
@@ -110,7 +114,7 @@ def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
         "atom_fields": {"x": dead_z, "node_attr": dead_z, "atomic_numbers": dead_z},
         "edge_fields": {EDGE_VEC: Fill.DEAD_SHIFT},
         "system_fields": {"cell_volume": 1.0},
-        "atom_counts": "num_atoms",
+        "atom_counts": "num_atoms", "dead_edge_length": _cutoff(model),
         "atom_outputs": ATOM_OUTPUTS, "system_outputs": SYSTEM_OUTPUTS, "edge_outputs": EDGE_OUTPUTS,
     }
     config.update(overrides)
@@ -427,18 +431,83 @@ def save_checkpoint(model: torch.nn.Module, config: Mapping[str, Any], path: str
     }, path)
 
 
+# sevenn's pretrained names (``pretrained_name_to_path``'s rules: the heads
+# "sevennet" and "7net", any case) -> the ``sevenn._const`` constant of the file
+_PRETRAINED = {
+    "0": "SEVENNET_0_11Jul2024", "0_22may2024": "SEVENNET_0_22May2024", "l3i5": "SEVENNET_l3i5",
+    "mf-0": "SEVENNET_MF_0", "mf-ompa": "SEVENNET_MF_ompa", "omat": "SEVENNET_omat", "omni": "SEVENNET_omni",
+    "omni-i8": "SEVENNET_omni_i8", "omni-i12": "SEVENNET_omni_i12",
+}
+_ALIASES = {"0_11july2024": "0", "0_11jul2024": "0"}
+
+
+def _pretrained_paths(tail: str) -> list[str]:
+    """Where sevenn keeps the file of the pretrained model ``7net-<tail>``
+    (the wheel's folder, then its download cache); empty for another name."""
+    import sevenn._const as const
+
+    path = getattr(const, _PRETRAINED.get(_ALIASES.get(tail, tail), ""), None)
+    if path is None:
+        return []
+    return [path, path.replace(const._prefix, os.path.expanduser("~/.cache/sevennet"))]
+
+
+def _pretrained_file(name: str) -> str | None:
+    """The local file of sevenn's pretrained model ``name`` (in the wheel's
+    ``pretrained_potentials`` or sevenn's download cache), None for a name
+    that is not sevenn's.
+
+    Raises
+    ------
+    FileNotFoundError
+        A pretrained name whose file is not on this machine (sevenn would
+        download it; ddpad never does).
+    """
+    head, _, tail = name.lower().partition("-")
+    paths = _pretrained_paths(tail) if head in ("7net", "sevennet") else []
+    if not paths:
+        return None
+    for candidate in paths:
+        if os.path.isfile(candidate):
+            return candidate
+    raise FileNotFoundError(
+        f"{name!r} is a sevenn pretrained model that is not on this machine: sevenn would download it, ddpad "
+        f"never does. Download it with sevenn (sevenn.util.pretrained_name_to_path({name!r})) and pass the "
+        f"file, or use one this machine has: {', '.join(shipped_models())}")
+
+
+def shipped_models() -> list[str]:
+    """The names of sevenn's pretrained models whose files are on this machine
+    (the wheel ships ``7net-0``, ``7net-0_22may2024``, ``7net-l3i5`` and
+    ``7net-mf-0``), each taken by :func:`load_model` without a download."""
+    return [f"7net-{tail}" for tail in _PRETRAINED if any(map(os.path.isfile, _pretrained_paths(tail)))]
+
+
 def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
-    """A model from a local sevenn checkpoint (``checkpoint_*.pth``), built with
+    """A model from a sevenn checkpoint (``checkpoint_*.pth``) or one of sevenn's
+    pretrained names whose file is on this machine (``7net-0``,
+    ``7net-l3i5``: :func:`shipped_models`), built with
     ``SevenNetCheckpoint.build_model`` as ``SevenNetCalculator`` builds it, in
-    batch and evaluation mode. Only files: sevenn's loader would treat any
-    other string as a pretrained-model name and may download it."""
+    batch and evaluation mode. Never downloads: a pretrained name whose file
+    is missing is a ``FileNotFoundError`` saying so."""
     from sevenn.checkpoint import SevenNetCheckpoint
 
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no sevenn checkpoint at {path!r} (a local file is required)")
-    model = SevenNetCheckpoint(path).build_model()
+    file = path if os.path.isfile(path) else _pretrained_file(str(path))
+    if file is None:
+        raise FileNotFoundError(f"no sevenn checkpoint at {path!r}: give a file, or a pretrained name this "
+                                f"machine has ({', '.join(shipped_models())})")
+    model = SevenNetCheckpoint(file).build_model()
     model.set_is_batch_data(True)
     return model.eval().to(device)
+
+
+def foundation_models() -> dict[str, Any]:
+    """The trained models sevenn's wheel ships that users run, by name:
+    SevenNet-0 (11Jul2024) and SevenNet-l3i5 (the two architectures; the
+    22May2024 SevenNet-0 shares the first's). The multi-fidelity
+    ``7net-mf-0`` is not among them: it needs a modality per system, which
+    this adapter's input does not carry."""
+    return {name: functools.partial(load_model, name) for name in ("7net-0", "7net-l3i5")}
 
 
 default_system = diamond_carbon
@@ -487,5 +556,6 @@ ADAPTER = builtin_adapter(
         default_system=default_system,
         ase_calculator=ase_calculator,
         torchsim_model=torchsim_model,
+        foundation_models=foundation_models,
     ),
 )

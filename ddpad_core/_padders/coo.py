@@ -31,11 +31,11 @@ class COOPadder(PadderBase):
     Dead atoms sit far outside the real atoms' bounding box. Dead edges, and
     real edges with an endpoint ``>= n_real`` (sentinels), become either a
     self-loop on the dead atom ``n_cap - 1`` whose shift fields carry a
-    vector of length ``dead_length`` (an edge field uses
+    vector of length ``dead_edge_length`` (an edge field uses
     :attr:`Fill.DEAD_SHIFT` and the dead atoms have their own system, whose
     cell :attr:`Fill.DEAD_CELL` reproduces that shift from a unit lattice
     shift), or otherwise an edge of the dead anchor pair
-    ``n_cap - 2 -> n_cap - 1`` placed ``dead_length`` apart with zero shifts
+    ``n_cap - 2 -> n_cap - 1`` placed ``dead_edge_length`` apart with zero shifts
     (the rule: :func:`._dead.coo_dead_rows`).
 
     Malformed input is a ValueError naming the field: positions not ``[N,
@@ -80,7 +80,18 @@ class COOPadder(PadderBase):
     atoms_key, edges_key, systems_key
         Names of the caps in ``cap_state``.
     dead_length
-        The length of a dead edge (default ``2 * cutoff + 1``).
+        How far beyond the real atoms the dead atoms sit, and the length of
+        a dead edge unless ``dead_edge_length`` is given (default ``2 *
+        cutoff + 1``).
+    dead_edge_length
+        The length of a dead edge, at least the cutoff (default
+        ``dead_length``). Beyond the cutoff an envelope that is zero there
+        (mace's, nequip's, fairchem's) makes a dead edge exactly inert. An
+        envelope that is a polynomial vanishing only *at* the cutoff
+        (sevenn's polynomial and XPLOR envelopes) grows without bound beyond
+        it: hundreds of dead edges at ``2 * cutoff + 1`` drive the dead
+        atom's features to inf and NaN. Such a model takes the cutoff itself,
+        where every smooth envelope is zero.
     """
 
     #: The model builds edge vectors as ``pos[j] - pos[i] + unit_shift @
@@ -118,6 +129,7 @@ class COOPadder(PadderBase):
         edges_key: str = "edges",
         systems_key: str = "systems",
         dead_length: float | None = None,
+        dead_edge_length: float | None = None,
     ) -> None:
         if edge_layout not in ("2E", "E2"):
             raise ValueError(f"edge_layout must be '2E' or 'E2', got {edge_layout!r}")
@@ -128,7 +140,7 @@ class COOPadder(PadderBase):
             raise ValueError("Fill.LAST_REAL is for per-system (or per-atom) fields, not edge fields")
         dead = coo_dead_rows(placement, edge_fields, system_fields or {},
                              2.0 * cutoff + 1.0 if dead_length is None else dead_length,
-                             vectors_from_cell=self.vectors_from_cell)
+                             vectors_from_cell=self.vectors_from_cell, edge_length=dead_edge_length)
         atom_fields = dict(atom_fields or {})
         if system_index is not None:
             atom_fields.setdefault(system_index, Fill.LAST_SYSTEM)
@@ -141,6 +153,9 @@ class COOPadder(PadderBase):
         )
         if self.dead_length <= cutoff:
             raise ValueError(f"dead_length {self.dead_length} must exceed the cutoff {cutoff}")
+        if dead.edge_length < cutoff:
+            raise ValueError(f"dead_edge_length {dead.edge_length} is inside the cutoff {cutoff}: a dead edge "
+                             "would carry a message; give the cutoff or more")
         self.cutoff = float(cutoff)
         self.positions = positions
         self.edge_index = edge_index

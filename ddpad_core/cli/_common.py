@@ -183,13 +183,17 @@ def _model(
                 return adapter.tools.random_model(dtype, device, **options), what
         except ValueError as exc:  # e.g. a dtype the model package does not run in
             raise CliError(f"{adapter.name}: {_one_line(exc)}") from None
-    if not os.path.exists(path):
-        raise CliError(f"model file {path!r} does not exist")
     if adapter.tools.load_model is None:
         raise CliError(f"adapter {adapter.name!r} cannot load checkpoints")
     try:
         with _quiet_prints(verbose):
             model = adapter.tools.load_model(path, device)
+    except FileNotFoundError as exc:
+        if os.path.exists(path):
+            raise CliError(f"cannot load {path!r} as a {adapter.name} model ({_one_line(exc)})") from None
+        # a name the adapter resolves without a download (sevenn's 7net-0) loads; one it cannot says why
+        why = f": {_one_line(exc)}" if exc.errno is None else ""
+        raise CliError(f"model file {path!r} does not exist{why}") from None
     except Exception as exc:  # noqa: BLE001 - whatever the file holds, one line
         raise CliError(
             f"cannot load {path!r} as a {adapter.name} model ({type(exc).__name__}: {_one_line(exc)}); "
@@ -316,8 +320,9 @@ def _verbose_option(parser: argparse.ArgumentParser, default: Any) -> None:
 def _common_options(parser: argparse.ArgumentParser) -> None:
     """The options ``run`` and ``bench`` share."""
     parser.add_argument("adapter", help="adapter name (see 'ddpad list')")
-    parser.add_argument("--model", metavar="PATH",
-                        help="trained model file (docs: 'Use your trained model'); default: a randomly "
+    parser.add_argument("--model", metavar="PATH|NAME",
+                        help="trained model file (docs: 'Use your trained model'), or a name the model package "
+                             "resolves without a download (sevennet: 7net-0, 7net-l3i5); default: a randomly "
                              "initialised model (mace: built for the system's elements plus H, C, O)")
     parser.add_argument("--system", metavar="FILE|NAME",
                         help="structure file (any ASE format) or a name ase.build knows (H2O, Cu); "
