@@ -1,13 +1,15 @@
 """ddpad's MD step inside an engine against the engine's own model wrapper.
 
-``python benchmarks/engine_step.py {torchsim,ase,lammps} {one,batch} [--adapter mace] [--blocks 8] [--steps 10] [--backend inductor] [--json FILE]``
+``python benchmarks/engine_step.py {torchsim,ase,lammps} {one,batch} [--adapter mace] [--model NAME|PATH] [--blocks 8] [--steps 10] [--backend inductor] [--json FILE]``
 
 One engine and system per run, for the benchmarks page; ``ddpad bench
 ADAPTER --engines`` runs every engine in one table. What is measured and how
 (the model, the systems, the baselines, the alternating blocks) is
 :mod:`ddpad._bench.engines`. The model is the adapter's random model, MACE in
 float64, SevenNet, Orb, MatterSim and AIMNet2 in float32 (SevenNet's and
-MatterSim's only dtype, Orb's calculator's default, aimnet's default dtype).
+MatterSim's only dtype, Orb's calculator's default, aimnet's default dtype),
+or with ``--model`` a trained model the adapter's ``load_model`` takes
+(sevennet: ``7net-0``, shipped in the sevenn wheel).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("engine", choices=("ase", "torchsim", "lammps"))
     parser.add_argument("kind", choices=("batch", "one"))
     parser.add_argument("--adapter", choices=ADAPTERS, default="mace")
+    parser.add_argument("--model", help="a trained model (file, or a name load_model takes); default: random")
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--backend", default="inductor")
@@ -35,13 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     from ddpad.adapters import get
 
     adapter = get(args.adapter)
-    model = adapter.tools.random_model(*((torch.float64,) if args.adapter == "mace" else ()))
+    if args.model:
+        model = adapter.tools.load_model(args.model, "cpu")
+    else:
+        model = adapter.tools.random_model(*((torch.float64,) if args.adapter == "mace" else ()))
     try:
         row = measure(args.engine, args.kind, adapter, model, blocks=args.blocks, steps=args.steps,
                       backend=args.backend)
     except Unavailable as exc:
         raise SystemExit(f"engine_step.py: {exc}") from exc
-    print(f"{row['adapter']}, {row['threads']} thread(s); caps {row['caps']}, "
+    if args.model:
+        row["model"] = args.model
+    print(f"{row['adapter']}{f' ({args.model})' if args.model else ''}, {row['threads']} thread(s); caps {row['caps']}, "
           f"{row['disagreements']} compiled graph(s) disagreeing with eager (run eager):")
     print(format_engines([row]))
     if args.json:

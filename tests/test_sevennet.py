@@ -312,8 +312,8 @@ def test_checkpoint_round_trip(tmp_path: pathlib.Path) -> None:
     assert load_checkpoint(str(path)).config["cutoff"] == CUTOFF
     data = adapter.engine.build_input(model, structure(0, np.random.default_rng(4)))
     assert_exact(adapter.reference(loaded, data), adapter.reference(model, data))
-    with pytest.raises(FileNotFoundError):
-        adapter.tools.load_model("7net-0", "cpu")  # a pretrained name, not a file: never downloaded
+    with pytest.raises(FileNotFoundError, match="no sevenn checkpoint at"):
+        adapter.tools.load_model(str(tmp_path / "missing.pth"), "cpu")
 
 
 def test_ase_calculator_matches_sevenn_own_calculator() -> None:
@@ -339,14 +339,19 @@ def test_ase_calculator_matches_sevenn_own_calculator() -> None:
     check_compiles(atoms.calc.wrapped.stats)
 
 
-def test_cli_run_three_steps(tmp_path: pathlib.Path) -> None:
+def test_cli_runs_the_readme_job_on_sevennet0(tmp_path: pathlib.Path) -> None:
+    """The README's first command (``ddpad run sevennet --model 7net-0``), three
+    steps: the trained model by its name, one graph, compiled and checked
+    (the random model runs in the install check)."""
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
     res = subprocess.run(
-        [sys.executable, "-m", "ddpad", "run", "sevennet", "--steps", "3", "--backend", "aot_eager"],
+        [sys.executable, "-m", "ddpad", "run", "sevennet", "--model", "7net-0", "--steps", "3", "--backend",
+         "aot_eager"],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600, check=False,
     )
     assert res.returncode == 0, res.stderr
-    assert "RANDOMLY INITIALISED" in res.stdout and "compiled graphs: 1" in res.stdout, res.stdout
+    assert "model 7net-0" in res.stdout and "RANDOMLY" not in res.stdout, res.stdout
+    assert "compiled graphs: 1" in res.stdout and "0 disagreed" in res.stdout, res.stdout
 
 
 def test_molecules_without_cell() -> None:
