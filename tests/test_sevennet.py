@@ -451,6 +451,33 @@ def test_pretrained_names_load_without_a_download() -> None:
                "machine: sevenn would download it, ddpad never does" in done.stderr
 
 
+def test_multi_fidelity_model_runs_each_modality() -> None:
+    """SevenNet-MF-0 through the padded step in each of its modalities equals
+    sevenn's own calculator in that modality (before: the adapter did not
+    feed ``modal_type``, and the model failed on sevenn's modality lookup);
+    the two modalities differ; a modality the model lacks is one error."""
+    from ddpad.ase import Calculator
+    from sevenn.calculator import SevenNetCalculator
+
+    atoms = silicon(3)
+    energies = {}
+    for modal in ("PBE", "R2SCAN"):
+        model = sevennet_adapter.load_model("7net-mf-0", modal=modal)
+        ours, theirs = atoms.copy(), atoms.copy()
+        ours.calc = Calculator(model, "sevennet", compile=False)
+        theirs.calc = SevenNetCalculator("7net-mf-0", modal=modal)
+        energies[modal] = ours.get_potential_energy()
+        assert abs(energies[modal] - theirs.get_potential_energy()) < 3e-4  # ~4 float32 ulps at 550 eV
+        np.testing.assert_allclose(ours.get_forces(), theirs.get_forces(), atol=1e-5)
+        np.testing.assert_allclose(ours.get_stress(), theirs.get_stress(), atol=1e-6)
+    assert abs(energies["PBE"] - energies["R2SCAN"]) > 1.0
+    assert sevennet_adapter.load_model("7net-mf-0").default_modal == "PBE"  # the checkpoint's default
+    with pytest.raises(ValueError, match=r"modality 'HSE' is not one of .*\['PBE', 'R2SCAN'\]"):
+        sevennet_adapter.load_model("7net-mf-0", modal="HSE")
+    with pytest.raises(ValueError, match="not a multi-fidelity model"):
+        sevennet_adapter.load_model("7net-0", modal="PBE")
+
+
 @pytest.mark.slow
 def test_sevennet0_compiled_by_inductor_exact_and_stable_in_nve() -> None:
     """SevenNet-0 as a user runs it: the ASE calculator compiled by Inductor,

@@ -75,6 +75,7 @@ ATOMIC_ENERGY = "atomic_energy"
 EDGE_VEC = "edge_vec"
 NUM_ATOMS = "num_atoms"
 BATCH = "batch"
+MODAL_TYPE = "modal_type"  # multi-fidelity models: each system's modality index (sevenn's KEY.MODAL_TYPE)
 # the elements the random model is built for by default (H, C, O)
 ELEMENTS: tuple[int, ...] = (1, 6, 8)
 
@@ -82,7 +83,7 @@ ATOM_OUTPUTS = (
     "x", "node_attr", "atomic_numbers", "pos", "batch", "atom_type", "scaled_atomic_energy",
     ATOMIC_ENERGY, FORCE, "inferred_atomic_virial",
 )
-SYSTEM_OUTPUTS = (ENERGY, STRESS, "cell_volume", "num_atoms")
+SYSTEM_OUTPUTS = (ENERGY, STRESS, "cell_volume", "num_atoms", MODAL_TYPE)
 EDGE_OUTPUTS = (EDGE_VEC, "edge_length", "edge_embedding", "edge_attr")
 
 
@@ -95,6 +96,25 @@ def _type_map(model: torch.nn.Module) -> dict[int, int]:
     if not type_map:
         raise ValueError("the sevenn model has no type_map (atomic number -> species index)")
     return {int(z): int(i) for z, i in type_map.items()}
+
+
+def _modal_map(model: torch.nn.Module) -> dict[str, int]:
+    """A multi-fidelity model's modality name -> index (empty for the rest)."""
+    return dict(getattr(model, "modal_map", None) or {})
+
+
+def _modal_types(model: torch.nn.Module, systems: int) -> Tensor | None:
+    """``modal_type [S]`` for a multi-fidelity model (None for the rest):
+    every system in the model's ``default_modal`` (set by :func:`load_model`,
+    as ``SevenNetCalculator`` takes one ``modal`` for all it computes)."""
+    modal_map = _modal_map(model)
+    if not modal_map:
+        return None
+    modal = getattr(model, "default_modal", None)
+    if modal not in modal_map:
+        raise ValueError(f"modality {modal!r} is not one of this multi-fidelity model's {sorted(modal_map)}: "
+                         "load it with load_model(..., modal=NAME) or set model.default_modal = NAME")
+    return torch.full((systems,), modal_map[modal], dtype=torch.int64)
 
 
 def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
@@ -113,7 +133,7 @@ def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
         "positions": "pos",
         "atom_fields": {"x": dead_z, "node_attr": dead_z, "atomic_numbers": dead_z},
         "edge_fields": {EDGE_VEC: Fill.DEAD_SHIFT},
-        "system_fields": {"cell_volume": 1.0},
+        "system_fields": {"cell_volume": 1.0, **({MODAL_TYPE: 0} if _modal_map(model) else {})},
         "atom_counts": "num_atoms", "dead_edge_length": _cutoff(model),
         "atom_outputs": ATOM_OUTPUTS, "system_outputs": SYSTEM_OUTPUTS, "edge_outputs": EDGE_OUTPUTS,
     }
@@ -220,6 +240,7 @@ def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
         if name in _FIXED_SIZE and type(module).__module__ == _FIXED_SIZE[name][0]:
             module.__class__ = _fixed_size_class(name)
     prepared.set_is_batch_data(True)
+    prepared.eval_modal_map = False  # the input carries each system's modal_type (build_input)
     prepared.eval()
     force = prepared._modules.get("force_output")
     if force is not None:
@@ -246,13 +267,18 @@ def _step(model: Any, data: dict[str, Tensor], *args: Any, **kwargs: Any) -> dic
 
 def evaluate(model: torch.nn.Module, data: dict[str, Tensor], *args: Any, **kwargs: Any) -> dict[str, Any]:
     """The unpadded eager model on ``data`` in batch mode (switched on for this
-    call only: a model prepared for ``SevenNetCalculator`` runs unbatched)."""
+    call only: a model prepared for ``SevenNetCalculator`` runs unbatched),
+    a multi-fidelity model reading ``modal_type`` from ``data`` (not its
+    modality names) for this call only."""
     batched = bool(getattr(model, "is_batch_data", True))
+    by_name = bool(getattr(model, "eval_modal_map", False))
     model.set_is_batch_data(True)
+    model.eval_modal_map = False  # the input carries each system's modal_type (build_input)
     try:
         return model(data, *args, **kwargs)
     finally:
         model.set_is_batch_data(batched)
+        model.eval_modal_map = by_name
 
 
 def build_input(
@@ -267,14 +293,17 @@ def build_input(
     neighbour list, matscipy or ase, on the CPU, with the model's cutoff) and
     ``AtomGraphData.from_numpy_dict`` exactly as ``SevenNetCalculator`` does;
     the graphs are collated into one batch as sevenn's torch-sim model does.
-    The tensors are moved to ``device`` (default: the model's); the
+    For a multi-fidelity model (SevenNet-MF-0) every system's ``modal_type``
+    is the model's ``default_modal`` (:func:`load_model`). The tensors are
+    moved to ``device`` (default: the model's); the
     per-structure ``data_info`` (a list of dicts) is dropped.
 
     Raises
     ------
     ValueError
         No structure, a structure without atoms, or an atomic number the
-        model's ``type_map`` does not know.
+        model's ``type_map`` does not know; a multi-fidelity model whose
+        ``default_modal`` is not one of its modalities.
     """
     from sevenn.atom_graph_data import AtomGraphData
     from sevenn.train.dataload import unlabeled_atoms_to_graph
@@ -293,8 +322,12 @@ def build_input(
     cutoff = _cutoff(model)
     graphs = [AtomGraphData.from_numpy_dict(unlabeled_atoms_to_graph(a, cutoff)) for a in structures]
     batch = Collater([], follow_batch=None, exclude_keys=None)(graphs)
+    modal_type = _modal_types(model, len(structures))
     target = device if device is not None else next(model.parameters()).device
-    return {k: v.to(target) for k, v in batch.to_dict().items() if isinstance(v, Tensor)}
+    data = {k: v.to(target) for k, v in batch.to_dict().items() if isinstance(v, Tensor)}
+    if modal_type is not None:
+        data[MODAL_TYPE] = modal_type.to(target)
+    return data
 
 
 def tensor_input(model: torch.nn.Module) -> Any:
@@ -320,12 +353,16 @@ def tensor_input(model: torch.nn.Module) -> Any:
         positions = structures.positions.detach()
         edge_vec = positions[edge_index[1]] - positions[edge_index[0]] + shifts
         numbers = state["numbers"]
-        return {
+        data = {
             "x": numbers, "edge_index": edge_index, "pos": positions.to(dtype), "node_attr": numbers,
             "atomic_numbers": numbers, "edge_vec": edge_vec.to(dtype),
             "cell_volume": torch.linalg.det(structures.cells.detach()).abs().to(dtype),
             "num_atoms": state["num_atoms"], "batch": composition.system, "ptr": composition.ptr,
         }
+        modal_type = _modal_types(model, len(state["num_atoms"]))  # read each step: default_modal may change
+        if modal_type is not None:
+            data[MODAL_TYPE] = modal_type.to(numbers.device)
+        return data
 
     return build
 
@@ -483,31 +520,41 @@ def shipped_models() -> list[str]:
     return [f"7net-{tail}" for tail in _PRETRAINED if any(map(os.path.isfile, _pretrained_paths(tail)))]
 
 
-def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
+def load_model(path: str, device: str = "cpu", *, modal: str | None = None) -> torch.nn.Module:
     """A model from a sevenn checkpoint (``checkpoint_*.pth``) or one of sevenn's
     pretrained names whose file is on this machine (``7net-0``,
-    ``7net-l3i5``: :func:`shipped_models`), built with
+    ``7net-l3i5``, ``7net-mf-0``: :func:`shipped_models`), built with
     ``SevenNetCheckpoint.build_model`` as ``SevenNetCalculator`` builds it, in
     batch and evaluation mode. Never downloads: a pretrained name whose file
-    is missing is a ``FileNotFoundError`` saying so."""
+    is missing is a ``FileNotFoundError`` saying so.
+
+    A multi-fidelity model (``7net-mf-0``) runs every structure in the
+    modality ``modal`` (default: the checkpoint's ``default_modal``, PBE for
+    SevenNet-MF-0; R2SCAN is its other), kept as the model's
+    ``default_modal``: set that attribute to change it."""
     from sevenn.checkpoint import SevenNetCheckpoint
 
     file = path if os.path.isfile(path) else _pretrained_file(str(path))
     if file is None:
         raise FileNotFoundError(f"no sevenn checkpoint at {path!r}: give a file, or a pretrained name this "
                                 f"machine has ({', '.join(shipped_models())})")
-    model = SevenNetCheckpoint(file).build_model()
+    checkpoint = SevenNetCheckpoint(file)
+    model = checkpoint.build_model()
     model.set_is_batch_data(True)
+    if _modal_map(model):
+        model.default_modal = modal if modal is not None else checkpoint.config.get("default_modal")
+        _modal_types(model, 1)  # a modality the model does not know: refused here
+    elif modal is not None:
+        raise ValueError(f"modal={modal!r} given, but {path!r} is not a multi-fidelity model")
     return model.eval().to(device)
 
 
 def foundation_models() -> dict[str, Any]:
     """The trained models sevenn's wheel ships that users run, by name:
-    SevenNet-0 (11Jul2024) and SevenNet-l3i5 (the two architectures; the
-    22May2024 SevenNet-0 shares the first's). The multi-fidelity
-    ``7net-mf-0`` is not among them: it needs a modality per system, which
-    this adapter's input does not carry."""
-    return {name: functools.partial(load_model, name) for name in ("7net-0", "7net-l3i5")}
+    SevenNet-0 (11Jul2024; the 22May2024 one shares its architecture),
+    SevenNet-l3i5, and the multi-fidelity SevenNet-MF-0 in its default
+    modality (PBE)."""
+    return {name: functools.partial(load_model, name) for name in ("7net-0", "7net-l3i5", "7net-mf-0")}
 
 
 default_system = diamond_carbon
