@@ -328,7 +328,8 @@ def test_bench_first_call_reports_first_calls_only(tmp_path: pathlib.Path, capsy
     monkeypatch.chdir(tmp_path)
     assert cli.main(["bench", "toy", "--first-call", "--backend", "aot_eager", "--out", "first.json"]) == 0
     report = json.loads((tmp_path / "first.json").read_text())
-    assert set(report) == {"adapter", "device", "dtype", "warm_start"} and "foreground" not in capsys.readouterr().out
+    assert set(report) == {"adapter", "model", "system", "atoms", "device", "dtype", "warm_start"}
+    assert "foreground" not in capsys.readouterr().out
     assert set(report["warm_start"]) == {"cold", "store", "warm", "aot build", "aot load"}
     assert report["warm_start"]["aot load"]["graphs_compiled"] == 0
 
@@ -354,6 +355,55 @@ def test_bench_first_call_children_get_a_dtype(tmp_path: pathlib.Path, monkeypat
     assert cli.main(["bench", "toy", "--first-call", "--dtype", "float64", "--out", str(out)]) == 0
     assert seen == [str(torch.get_default_dtype()).removeprefix("torch."), "float64"]
     assert json.loads(out.read_text())["dtype"] == "float64"
+
+
+def test_bench_first_call_runs_the_model_and_system_given(tmp_path: pathlib.Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, ``--first-call`` ran the adapter's random model on its own
+    system whatever ``--model``, ``--system`` and ``--repeat`` said (a
+    SevenNet-0 row would have timed a random model). The children get them,
+    and load that model on that structure; ``--compile-store`` (whose
+    growing run is the adapter's own) refuses them."""
+    import ase.io
+    from ase import Atoms
+    from ddpad import cli
+    from ddpad._bench import warmstart as _warmstart
+    from ddpad.adapters import get
+
+    toy = get("toy")
+    model = toy.tools.random_model(torch.float64)
+    with torch.no_grad():
+        model.depth.mul_(1.7)  # not the random model a child would build
+    torch.save(model, tmp_path / "toy.pt")
+    system = Atoms("Ar8", positions=[[1.3 * i, 0.4 * (i % 2), 0.0] for i in range(8)])
+    ase.io.write(tmp_path / "chain.xyz", system)
+    seen = []
+    real = _warmstart.warm_start
+
+    def first_only(adapter: str, **kwargs: object) -> dict:
+        seen.append(kwargs)
+        spec = {"adapter_name": adapter, "store": str(tmp_path / "store"), "backend": "eager", "device": "cpu",
+                "dtype": kwargs["dtype"], "model": kwargs["model"], "system": None}
+        if kwargs["system"] is not None:
+            spec["system"] = str(tmp_path / "given.extxyz")
+            kwargs["system"].write(spec["system"], format="extxyz")
+        return {"cold": _warmstart.first_call(**spec)}
+
+    monkeypatch.setattr(_warmstart, "warm_start", first_only)
+    out = tmp_path / "first.json"
+    assert cli.main(["bench", "toy", "--first-call", "--model", str(tmp_path / "toy.pt"), "--system",
+                     str(tmp_path / "chain.xyz"), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["system"] == "Ar8" and report["atoms"] == 8 and report["model"] == f"model {tmp_path / 'toy.pt'}"
+    assert seen[-1]["model"] == str(tmp_path / "toy.pt") and len(seen[-1]["system"]) == 8
+    ref = toy.flat(toy.reference(model, toy.engine.build_input(model, system)))
+    # (the children run the dtype ddpad run would, float32 here: the model's energy to float32's precision)
+    assert report["warm_start"]["cold"]["energy"] == pytest.approx(ref["energy"].double().reshape(-1).tolist(),
+                                                                   rel=1e-6)
+    assert cli.main(["bench", "toy", "--first-call", "--repeat", "2", "--system", str(tmp_path / "chain.xyz"),
+                     "--out", str(out)]) == 2  # a non-periodic system cannot repeat: one line, before any child
+    monkeypatch.setattr(_warmstart, "warm_start", real)
+    assert cli.main(["bench", "toy", "--compile-store", "--model", str(tmp_path / "toy.pt")]) == 2
 
 
 @pytest.mark.slow

@@ -28,26 +28,34 @@ from typing import Any
 
 __all__ = [
     "first_call", "format_growing", "format_warm_start", "growing", "growing_run", "plot_growing", "precompile_run",
-    "warm_start",
+    "random_model", "warm_start",
 ]
 
 
 def first_call(adapter_name: str, store: str, backend: str, device: str, dtype: str | None,
-               compile_mode: str = "dynamo") -> dict[str, Any]:
+               compile_mode: str = "dynamo", model: str | None = None, system: str | None = None) -> dict[str, Any]:
     """One first call in this process (the child's side), then 20 steady
-    calls on the same input (their median: ``steady_s``)."""
+    calls on the same input (their median: ``steady_s``). ``model``: a file
+    or name for the adapter's ``load_model`` (default: its random model);
+    ``system``: an ASE-readable file (default: the adapter's system)."""
     import ddpad
     import torch
     from ddpad import adapters
 
     adapter = adapters.get(adapter_name)
     torch.manual_seed(0)
-    model = adapter.tools.random_model(getattr(torch, dtype) if dtype else None, device)
-    data = adapter.engine.build_input(model, adapter.tools.default_system())
+    atoms = adapter.tools.default_system() if system is None else _read(system)
+    torch_dtype = getattr(torch, dtype) if dtype else None
+    if model is None:
+        module = random_model(adapter, torch_dtype, device, {int(z) for z in atoms.numbers})
+    else:
+        module = adapter.tools.load_model(model, device)
+        module = module.to(torch_dtype) if torch_dtype else module
+    data = adapter.engine.build_input(module, atoms)
     # head room: the caps of the first call are the caps of every run (a tight one fits them later)
     # (the AOT rows: this process builds the package, as a first process would with aot_build="foreground")
     aot = {"aot_build": "foreground"} if compile_mode == "aot" else {}
-    wrapped = ddpad.wrap(model, adapter, compile_cache=store, backend=backend, compile_mode=compile_mode,
+    wrapped = ddpad.wrap(module, adapter, compile_cache=store, backend=backend, compile_mode=compile_mode,
                          cap_policy="headroom", **aot)
     t0 = time.perf_counter()
     out = adapter.flat(wrapped(data))
@@ -71,14 +79,38 @@ def first_call(adapter_name: str, store: str, backend: str, device: str, dtype: 
     }
 
 
+def random_model(adapter: Any, dtype: Any, device: str, numbers: set[int]) -> Any:
+    """The adapter's random model, built for ``numbers`` as well as its own
+    elements where it takes elements (``ToolHooks.random_model_elements``:
+    mace, sevennet), as ``ddpad run`` builds it."""
+    options: dict[str, Any] = {}
+    if adapter.tools.random_model_elements is not None:
+        options["atomic_numbers"] = tuple(sorted(set(adapter.tools.random_model_elements) | numbers))
+    return adapter.tools.random_model(dtype, device, **options)
+
+
+def _read(path: str) -> Any:
+    import ase.io
+
+    return ase.io.read(path, format="extxyz")
+
+
 def warm_start(adapter: str, *, backend: str = "inductor", device: str = "cpu", dtype: str | None = None,
-               workdir: str | None = None, aot: bool = True) -> dict[str, dict[str, Any]]:
+               workdir: str | None = None, aot: bool = True, model: str | None = None,
+               system: Any = None) -> dict[str, dict[str, Any]]:
     """Run the cold, store-only and warm first calls (and, with ``aot``, the
-    ahead-of-time route's build and load); returns each one's result."""
+    ahead-of-time route's build and load); returns each one's result.
+    ``model``: a file or name the adapter's ``load_model`` takes (default:
+    its random model); ``system``: an ``ase.Atoms`` (default: the
+    adapter's)."""
     with tempfile.TemporaryDirectory(prefix="ddpad-warm-", dir=workdir) as tmp:
         root = pathlib.Path(tmp)
         store, cold_cache, fresh_cache = (str(root / name) for name in ("store", "inductor-cold", "inductor-fresh"))
-        spec = {"adapter_name": adapter, "store": store, "backend": backend, "device": device, "dtype": dtype}
+        spec = {"adapter_name": adapter, "store": store, "backend": backend, "device": device, "dtype": dtype,
+                "model": model, "system": None}
+        if system is not None:  # each child reads it: the very structure, whatever made it
+            spec["system"] = str(root / "system.extxyz")
+            system.write(spec["system"], format="extxyz")
         results = {name: _run_child("first_call", spec, {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
                    for name, cache in (("cold", cold_cache), ("store", fresh_cache), ("warm", cold_cache))}
         if aot:  # the ahead-of-time route: a build, then a load, each with an empty Inductor cache

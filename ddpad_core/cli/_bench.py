@@ -42,13 +42,22 @@ def _bench_compile_store(args: argparse.Namespace) -> int:
     # the children build the model ddpad run would: the dtype resolved here (an adapter takes a dtype, not None)
     dtype = str(_dtype(adapter, args.dtype)).removeprefix("torch.")
     mode = "--first-call" if args.first_call else "--compile-store"
-    print(f"ddpad bench {adapter.name} {mode}: {dtype}, fresh processes, empty stores and Inductor caches "
-          f"(several compiles: minutes on a CPU)", flush=True)
+    # the model and system checked here, once (a bad --model or element is one line, not a child's traceback)
+    _, base, _, what = _bench_system(adapter, args)
+    print(f"ddpad bench {adapter.name} {mode}: {what}, {len(base)} atoms, {dtype}, fresh processes, empty stores "
+          f"and Inductor caches (several compiles: minutes on a CPU)", flush=True)
+    chosen = {"model": args.model, "system": None if args.system is None and args.repeat == 1 else base}
+    if args.first_call:
+        warm = warm_start(adapter.name, backend=args.backend, device=device, dtype=dtype, **chosen)
+        print(format_warm_start(adapter.name, warm), flush=True)
+        _write_json(args.out, {"adapter": adapter.name, "model": what, "system": base.get_chemical_formula(),
+                               "atoms": len(base), "device": device, "dtype": dtype, "warm_start": warm})
+        return 0
+    if chosen != {"model": None, "system": None}:
+        raise CliError("--compile-store runs the adapter's random model on its own system: --model, --system "
+                       "and --repeat go with --first-call")
     warm = warm_start(adapter.name, backend=args.backend, device=device, dtype=dtype)
     print(format_warm_start(adapter.name, warm), flush=True)
-    if args.first_call:
-        _write_json(args.out, {"adapter": adapter.name, "device": device, "dtype": dtype, "warm_start": warm})
-        return 0
     grow = growing(adapter.name, steps=args.steps, backend=args.backend, device=device, dtype=dtype,
                    aot=args.aot_ladder)
     print(format_growing(adapter.name, grow), flush=True)
@@ -91,7 +100,7 @@ def _bench_steady(args: argparse.Namespace) -> int:
                           call_kwargs=adapter.call_options(False),
                           on_variant=lambda name: print(f"compiling / warming {name}…", flush=True))
     print(format_steady(result))
-    _write_json(args.out, {**result, "model": what})
+    _write_json(args.out, {**result, "model": what, "system": base.get_chemical_formula()})
     return 0
 
 

@@ -172,15 +172,15 @@ def _model(
     if path is None:
         if adapter.tools.random_model is None:
             raise CliError(f"adapter {adapter.name!r} cannot build a random model; pass --model PATH")
-        options: dict[str, Any] = {}
+        from .._bench.warmstart import random_model
+
         what = "RANDOMLY INITIALISED model (no --model given): numbers are not physical"
         if adapter.tools.random_model_elements is not None:
             numbers = tuple(sorted(set(adapter.tools.random_model_elements) | _numbers(atoms)))
-            options["atomic_numbers"] = numbers
             what = f"RANDOMLY INITIALISED model for {_symbols(numbers)} (no --model given): numbers are not physical"
         try:
             with _quiet_prints(verbose):
-                return adapter.tools.random_model(dtype, device, **options), what
+                return random_model(adapter, dtype, device, _numbers(atoms)), what
         except ValueError as exc:  # e.g. a dtype the model package does not run in
             raise CliError(f"{adapter.name}: {_one_line(exc)}") from None
     if adapter.tools.load_model is None:
@@ -322,7 +322,7 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("adapter", help="adapter name (see 'ddpad list')")
     parser.add_argument("--model", metavar="PATH|NAME",
                         help="trained model file (docs: 'Use your trained model'), or a name the model package "
-                             "resolves without a download (sevennet: 7net-0, 7net-l3i5); default: a randomly "
+                             "resolves without a download (sevennet: 7net-0, 7net-l3i5, 7net-mf-0); default: a randomly "
                              "initialised model (mace: built for the system's elements plus H, C, O)")
     parser.add_argument("--system", metavar="FILE|NAME",
                         help="structure file (any ASE format) or a name ase.build knows (H2O, Cu); "
