@@ -24,6 +24,10 @@ class and inherits every check::
         def foundation_models(self): # default: adapter.tools.foundation_models()
             return {"my-model-1": lambda: load("my-model-1.pt")}   # the configurations users run
 
+        @pytest.fixture
+        def foundation_structures(self): # default: the trajectory's first three single structures
+            return [...]
+
 Each check is also a function (``check_exact``, ``check_dead_rows``,
 ``check_call_forms``, ``check_autograd``, ``check_engine_hooks``, ``check_empty_rejected``,
 ``check_torchsim``, ``check_tensor_input``, ``check_tight``, ``check_aot``, ``check_real_model``) for use
@@ -498,10 +502,13 @@ class AdapterTests:
     a piece of the reason the route gives for refusing it: the check then
     asserts that it falls back, exactly). ``test_exact_through_aot`` builds
     AOTInductor packages (minutes for a real model on a CPU) and carries
-    the ``inductor`` marker: register it in the plugin's pytest config.
-    Fixtures to override: ``model``, ``trajectory``, ``foundation_models``
-    (the configurations users run, each through :func:`check_real_model`
-    at ``foundation_atol``: trained float32 models on their own elements).
+    the ``inductor`` marker, ``test_foundation_configurations`` (a compile
+    of each model users run: minutes on a CPU) the ``long`` marker: register
+    both in the plugin's pytest config. Fixtures to override: ``model``,
+    ``trajectory``, ``foundation_models`` (the configurations users run,
+    each through :func:`check_real_model` at ``foundation_atol``: trained
+    float32 models on their own elements), ``foundation_structures`` (what
+    they run on).
     """
 
     adapter: Any = None
@@ -583,17 +590,29 @@ class AdapterTests:
             assert result["refused"], f"compile_mode='aot' was expected to refuse ({self.aot_route!r}) and did not"
             assert all(self.aot_route in why for why in result["refused"].values()), result["refused"]
 
+    @pytest.fixture
+    def foundation_structures(self, trajectory: list[Any]) -> list[Any]:
+        """What each foundation configuration runs: the trajectory's first
+        three single structures (override with small cells: at a foundation
+        model's cutoff an atom has 100-250 neighbours, and each configuration
+        compiles its own graphs)."""
+        return [s for s in trajectory if not isinstance(s, (list, tuple))][:3]
+
+    @pytest.mark.long
     def test_foundation_configurations(self, resolved: Any, foundation_models: Mapping[str, Any],
-                                       trajectory: list[Any]) -> None:
-        """Each configuration users run: exact, finite in every padded row, compiled."""
+                                       foundation_structures: list[Any]) -> None:
+        """Each configuration users run: exact, finite in every padded row,
+        compiled. A float64 configuration of a float64 suite is held to
+        ``atol``, the rest to ``foundation_atol``."""
         if not foundation_models:
             pytest.skip(f"adapter {resolved.name!r} names no foundation configuration: override the "
                         "'foundation_models' fixture")
-        singles = [s for s in trajectory if not isinstance(s, (list, tuple))][:3]
         for name, build in foundation_models.items():
             model = build()
+            float64 = next(model.parameters()).dtype == torch.float64 == self.dtype
             try:
-                check_real_model(resolved, model, singles, atol=self.foundation_atol, rtol=self.rtol,
+                check_real_model(resolved, model, foundation_structures,
+                                 atol=self.atol if float64 else self.foundation_atol, rtol=self.rtol,
                                  backend=self.backend)
             except AssertionError as exc:
                 raise AssertionError(f"foundation configuration {name!r}: {exc}") from exc
