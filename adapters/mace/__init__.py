@@ -26,6 +26,9 @@ a real graph, caps can be agreed across ranks and saved for restarts.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -35,8 +38,8 @@ from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon
 from torch import Tensor
 
 __all__ = [
-    "ADAPTER", "build_input", "default_system", "load_model", "make_padder", "prepare_model", "random_model",
-    "tensor_input",
+    "ADAPTER", "build_input", "default_system", "foundation_models", "load_model", "make_padder", "prepare_model",
+    "random_model", "tensor_input",
 ]
 
 ATOM_FIELDS = {"node_attrs": 0.0, "forces": 0.0, "charges": 0.0, "density_coefficients": 0.0}
@@ -70,17 +73,33 @@ def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
     return COOPadder(_cutoff(model), **config)
 
 
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch's default dtype set to ``dtype`` within, restored on an error too
+    (mace's ``torch_tools.default_dtype`` leaves it set when the body raises)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
     """A compile-ready copy of ``model``, built as mace prepares models for
     ``torch.compile``: rebuilt from its config without e3nn's TorchScript
     code generation (which Dynamo cannot trace) and fx-simplified. The
     global switches mace's ``prepare`` flips are not touched: the autograd
-    tracing flag is scoped to each call (``dynamo_config``)."""
+    tracing flag is scoped to each call (``dynamo_config``). The copy is
+    built in the model's dtype, as under mace's calculator (which sets it as
+    torch's default): built in float32, a float64 model's weights were
+    rounded to float32 when loaded into it (1.5e-6 eV off on a random
+    MACE-OFF23 configuration; now the copy's outputs equal the model's)."""
     from mace.tools.compile import disable_e3nn_codegen, simplify
     from mace.tools.scripts_utils import extract_model
 
     param = next(model.parameters())
-    with disable_e3nn_codegen():
+    with disable_e3nn_codegen(), _default_dtype(param.dtype):
         rebuilt = extract_model(model, map_location=str(param.device))
     rebuilt = simplify(rebuilt.to(param.dtype))
     rebuilt.train(model.training)
@@ -279,6 +298,85 @@ def random_model(
     return model.to(dtype=dtype, device=device)
 
 
+# The published foundation models' architecture flags, as their training
+# commands passed them to ``mace_run_train`` (the wheel ships no config, only
+# the checkpoints' URLs in ``mace/calculators/foundations_models.py``).
+# MACE-MP-0: github.com/ACEsuit/mace-mp, mace_mp_0/2023-12-10-mace-128-L0_energy.sh
+# (small) and 2023-12-03-mace-128-L1.sh (medium), which differ only in max_L.
+_MP0_FLAGS = (
+    "--model=ScaleShiftMACE", "--interaction_first=RealAgnosticResidualInteractionBlock",
+    "--interaction=RealAgnosticResidualInteractionBlock", "--num_interactions=2", "--correlation=3", "--max_ell=3",
+    "--r_max=6.0", "--num_channels=128", "--num_radial_basis=10", "--MLP_irreps=16x0e",
+    "--scaling=rms_forces_scaling",
+)
+# MACE-OFF23: github.com/ACEsuit/mace-off, mace_off23/train_scripts/medium.sh
+# (model "MACE", 2 interactions, correlation 3, r_max 5; the rest mace's
+# defaults). The repository's small.sh is a copy of medium.sh; the small
+# model's width (96 channels, L=0) is the MACE-OFF paper's (arXiv:2312.15211).
+_OFF23_FLAGS = ("--model=MACE", "--num_interactions=2", "--correlation=3", "--r_max=5.0")
+# MACE-MP-0's 89 elements (H-Bi, Ac-Pu); MACE-OFF's 10 organic ones
+_MP0_ELEMENTS = (*range(1, 84), *range(89, 95))
+_OFF_ELEMENTS = (1, 6, 7, 8, 9, 15, 16, 17, 35, 53)
+# the mean neighbour count mace computes from the training set (not shipped):
+# MPtrj's at 6 A, the value the MACE-MP-0 checkpoints carry, and a
+# representative one for SPICE-like molecules and liquids at 5 A
+_MP0_AVG_NEIGHBOURS = 61.96
+_OFF_AVG_NEIGHBOURS = 20.0
+
+
+def _configured_model(
+    flags: tuple[str, ...], atomic_numbers: tuple[int, ...], avg_num_neighbors: float,
+    dtype: torch.dtype, seed: int,
+) -> torch.nn.Module:
+    """A foundation architecture built the way ``mace_run_train`` builds it:
+    ``flags`` through mace's argument parser (its defaults fill the rest) and
+    ``check_args`` (``num_channels`` and ``max_L`` -> ``hidden_irreps``), then
+    ``configure_model`` (``mace/tools/model_script_utils.py``), in float64 as
+    the models were trained, cast to ``dtype`` as mace's calculators cast them.
+    Random weights; what training fits from data (E0s, scale and shift) is
+    drawn at random and non-zero, so a dead atom that leaked would show."""
+    import numpy as np
+    from mace import tools  # before e3nn: mace makes e3nn 0.4's torch.load work on torch >= 2.6
+    from mace.tools.model_script_utils import configure_model
+
+    parser = tools.build_default_arg_parser()
+    args, _ = tools.check_args(parser.parse_args(["--name=foundation", "--train_file=none.xyz", *flags]))
+    args.compute_energy, args.compute_dipole, args.compute_polarizability = True, False, False  # as run_train sets them
+    rng = np.random.default_rng(seed)
+    # given, so configure_model computes no scaling from a training set
+    args.mean, args.std = float(rng.uniform(0.1, 0.5)), float(rng.uniform(0.5, 1.5))
+    args.avg_num_neighbors = avg_num_neighbors
+    e0s = -rng.uniform(1.0, 10.0, size=(1, len(atomic_numbers)))  # [heads, elements]
+    torch.manual_seed(seed)
+    with _default_dtype(getattr(torch, args.default_dtype)):
+        model, _ = configure_model(
+            args, None, e0s, heads=["Default"], z_table=tools.AtomicNumberTable(list(atomic_numbers)))
+        with torch.no_grad():  # model "MACE" fixes the shift at 0: a non-zero one, as for ScaleShiftMACE
+            model.scale_shift.shift.fill_(args.mean)
+    return model.to(dtype).eval()
+
+
+def foundation_models() -> dict[str, Any]:
+    """The architectures of the MACE foundation models users run, by name,
+    with random weights (no download): MACE-MP-0 small (128x0e, 3.85M
+    parameters) and medium (128x0e+128x1o, 4.69M) on 89 elements with
+    r_max 6, in float32 (``mace_mp``'s default dtype); MACE-OFF23 small
+    (96x0e) and medium (128x0e+128x1o) on 10 organic elements with r_max 5,
+    in float64 (``mace_off``'s default). Built by mace-torch 0.3's own
+    training code from the published training flags (see
+    :func:`_configured_model`)."""
+    mp = functools.partial(_configured_model, atomic_numbers=_MP0_ELEMENTS,
+                           avg_num_neighbors=_MP0_AVG_NEIGHBOURS, dtype=torch.float32)
+    off = functools.partial(_configured_model, atomic_numbers=_OFF_ELEMENTS,
+                            avg_num_neighbors=_OFF_AVG_NEIGHBOURS, dtype=torch.float64)
+    return {
+        "mace-mp-0-small": functools.partial(mp, (*_MP0_FLAGS, "--max_L=0"), seed=1),
+        "mace-mp-0-medium": functools.partial(mp, (*_MP0_FLAGS, "--max_L=1"), seed=2),
+        "mace-off23-small": functools.partial(off, (*_OFF23_FLAGS, "--num_channels=96", "--max_L=0"), seed=3),
+        "mace-off23-medium": functools.partial(off, (*_OFF23_FLAGS, "--num_channels=128", "--max_L=1"), seed=4),
+    }
+
+
 def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
     """A mace model saved with ``torch.save(model)`` (mace's ``.model`` files)."""
     model = torch.load(path, map_location=device, weights_only=False)
@@ -336,5 +434,6 @@ ADAPTER = builtin_adapter(
         native_padding=native_padding,
         ase_calculator=ase_calculator,
         torchsim_model=torchsim_model,
+        foundation_models=foundation_models,
     ),
 )
