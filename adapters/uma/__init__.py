@@ -33,6 +33,7 @@ model was merged for, as fairchem requires.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import torch
@@ -41,7 +42,10 @@ from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter
 from torch import Tensor
 
-__all__ = ["ADAPTER", "PaddedUMA", "UMACore", "build_input", "make_padder", "prepare_model", "tensor_input"]
+__all__ = [
+    "ADAPTER", "UMA_S_1P1_CONFIG", "PaddedUMA", "UMACore", "build_input", "foundation_models", "make_padder",
+    "prepare_model", "tensor_input", "uma_s",
+]
 
 ATOM_FIELDS = {"atomic_numbers": 0, "fixed": 0, "tags": 0}
 SYSTEM_FIELDS: dict[str, Any] = {"cell": Fill.DEAD_CELL, "pbc": False, "charge": Fill.LAST_REAL, "spin": Fill.LAST_REAL}
@@ -80,6 +84,21 @@ def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
 _BATCH_SLOTS = ("__slices__", "__cumsum__", "__cat_dims__", "__natoms_list__")
 
 
+def _present_tasks(model: torch.nn.Module, output: dict[str, Any], datasets: list[str] | None) -> dict[str, Any]:
+    """``output`` without the per-task outputs of datasets absent from the
+    batch. fairchem's dataset-specific heads (``DatasetSpecificSingleHeadWrapper``,
+    what the published UMA models carry) return ``{dataset}_{property}`` for
+    every dataset they know: zeros for the absent ones, NaN on a merged
+    model (``merge_mole``), which would read as a non-finite output."""
+    known = {name for head in getattr(model, "output_heads", {}).values()
+             for name in (getattr(head, "dataset_names", None) or ())}
+    if not known or datasets is None:
+        return output
+    present = set(datasets)
+    return {key: value for key, value in output.items()
+            if (task := key.rsplit("_", 1)[0]) not in known or task in present}
+
+
 class UMACore(torch.nn.Module):
     """What comes after the seam: fairchem's model (a copy taking a supplied
     graph) on the padded graph, given as a dict of tensors and the task name
@@ -108,7 +127,7 @@ class UMACore(torch.nn.Module):
         if dataset is not None:
             batch.dataset = dataset
         batch.sid = [""] * graph["natoms"].shape[0]
-        return self.model(batch)
+        return _present_tasks(self.model, self.model(batch), dataset)
 
 
 class PaddedUMA(torch.nn.Module):
@@ -117,7 +136,8 @@ class PaddedUMA(torch.nn.Module):
     ``core`` (compiled by ``ddpad.wrap``, or its packages under
     ``compile_mode="aot"``) is a :class:`UMACore` around a copy of the model
     that takes a supplied graph. Outside a ddpad context nothing is padded: the module
-    then equals the original model.
+    then equals the original model, less the per-task outputs of datasets
+    absent from the batch (zeros, or NaN on a merged model).
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -180,14 +200,26 @@ def _compile_core(model: PaddedUMA, compile_fn: Any) -> PaddedUMA:
 
 
 def _evaluate(model: torch.nn.Module, data: Any) -> Any:
-    """The unpadded eager reference: the original model on a copy of ``data``."""
-    return model(data.clone())
+    """The unpadded eager reference: the original model on a copy of ``data``
+    (the outputs of datasets absent from it dropped, as :class:`UMACore` does)."""
+    return _present_tasks(model, model(data.clone()), list(data.dataset) if hasattr(data, "dataset") else None)
 
 
 def properties(output: dict[str, Any]) -> dict[str, Tensor]:
-    """Flat ``energy`` / ``forces`` / ``stress`` from fairchem's nested
-    ``{head: {property: {property: tensor}}}`` output (the first head with an
-    energy)."""
+    """Flat ``energy`` / ``forces`` / ``stress`` from fairchem's output: per
+    task, ``{dataset}_{property}: {property: tensor}`` (the published UMA
+    models' dataset-specific heads with ``pass_through_head_outputs``; each
+    holds zeros in the other datasets' rows, so a batch of several tasks is
+    their sum, exactly), or nested per head, ``{head: {property: {property:
+    tensor}}}`` (the first head with an energy)."""
+    if any(key.endswith("_energy") for key in output):
+        flat: dict[str, Tensor] = {}
+        for key, value in output.items():
+            name = key.rsplit("_", 1)[-1]
+            value = value.get(name) if isinstance(value, dict) else value
+            if isinstance(value, Tensor):
+                flat[name] = value if name not in flat else flat[name] + value
+        return flat
     for head in output.values():
         if isinstance(head, dict) and "energy" in head:
             return {k: (v[k] if isinstance(v, dict) else v) for k, v in head.items()}
@@ -304,6 +336,89 @@ def default_system() -> Any:
     return atoms
 
 
+# UMA-S 1.1's ``model_config`` (``uma-s-1p1.pt``, which fairchem downloads and its wheel does not
+# ship): the backbone of fairchem's release config ``configs/uma/training_release/backbone/K4L2.yaml``
+# (32 experts), the conserving fine-tune's settings and heads
+# (``configs/uma/training_release/uma_sm_conserve_finetune.yaml``: stress, no direct forces, 300
+# neighbours, one ``DatasetSpecificSingleHeadWrapper`` over ``MLP_EFS_Head``, outputs passed through)
+# and the 1.1 tag ``backbone.model_version`` (fairchem PR 2049). Training-only keys (dropouts
+# inactive in eval, gradient flags) are kept as released; K4L2's later solvent-embedding keys are not
+# in UMA-S 1.1 (nor in the installed fairchem's backbone).
+UMA_S_1P1_CONFIG: dict[str, Any] = {
+    "_target_": "fairchem.core.models.base.HydraModel",
+    "backbone": {
+        "model": "fairchem.core.models.uma.escn_moe.eSCNMDMoeBackbone",
+        "moe_dropout": 0.05, "moe_layer_type": "pytorch", "num_experts": 32, "use_composition_embedding": True,
+        "use_global_embedding": False, "max_num_elements": 100, "sphere_channels": 128, "lmax": 2, "mmax": 2,
+        "otf_graph": True, "max_neighbors": 300, "use_pbc": True, "use_pbc_single": True, "cutoff": 6.0,
+        "edge_channels": 128, "distance_function": "gaussian", "num_distance_basis": 64, "regress_forces": True,
+        "regress_stress": True, "direct_forces": False, "num_layers": 4, "hidden_channels": 128,
+        "norm_type": "rms_norm_sh", "act_type": "gate", "ff_type": "spectral", "chg_spin_emb_type": "rand_emb",
+        "cs_emb_grad": True, "dataset_list": ["oc20", "omol", "omat", "odac", "omc"], "model_version": "1.1",
+    },
+    "heads": {
+        "energyandforcehead": {
+            "module": "fairchem.core.models.uma.escn_moe.DatasetSpecificSingleHeadWrapper",
+            "head_cls": "fairchem.core.models.uma.escn_md.MLP_EFS_Head",
+            "head_kwargs": {"wrap_property": False},
+            "dataset_names": ["omol", "omat", "oc20", "omc", "odac"],
+        },
+    },
+    "pass_through_head_outputs": True,
+}
+
+
+def uma_s(
+    config: dict[str, Any] | None = None, *, merge_for: Any = None, task: str = "omat", seed: int = 0,
+) -> torch.nn.Module:
+    """A published UMA architecture (default UMA-S 1.1, :data:`UMA_S_1P1_CONFIG`)
+    with random weights, built as fairchem's ``MLIPPredictUnit`` builds it on a
+    CPU: ``load_inference_model``'s steps without the checkpoint
+    (``apply_uma_compat_fixups``, the backbone overrides of the inference
+    settings, ``eSCNMDMoeBackbone.build_inference_settings``, applied with
+    ``update_configs``, then ``hydra.utils.instantiate``), and on its first
+    prediction ``prepare_for_inference`` under the settings fairchem runs
+    on a CPU (``inference_settings_multigpu``: ``merge_mole=True``, the
+    ``"default"`` nitro preset's fallback), which merges the experts for
+    ``merge_for`` (an ``ase.Atoms``; default :func:`default_system`, fcc Cu)
+    and ``task``. float32, as published. Parameters that fairchem
+    initialises to zero (radial-MLP, norm and SO(3)-linear biases) get
+    random values, so that a padding leak through them shows."""
+    import types
+
+    import hydra
+    from fairchem.core.models.uma.compat import apply_uma_compat_fixups
+    from fairchem.core.models.uma.escn_moe import eSCNMDMoeBackbone
+    from fairchem.core.units.mlip_unit.api.inference import inference_settings_multigpu
+    from fairchem.core.units.mlip_unit.utils import update_configs
+
+    settings = inference_settings_multigpu()
+    checkpoint = types.SimpleNamespace(model_config=copy.deepcopy(config or UMA_S_1P1_CONFIG))
+    apply_uma_compat_fixups(checkpoint)  # UMA 1.1: model_id "UMA-1.1", as on load
+    overrides = {"backbone": eSCNMDMoeBackbone.build_inference_settings(settings)}
+    torch.manual_seed(seed)
+    model = hydra.utils.instantiate(update_configs(checkpoint.model_config, overrides))
+    with torch.no_grad():
+        for param in model.parameters():
+            if not param.any():
+                param.normal_(0.0, 0.1)
+    model.eval()
+    atoms = merge_for if merge_for is not None else default_system()
+    model.prepare_for_inference(build_input(model, atoms, task=task), settings)
+    model.requires_grad_(False)  # (as the predict unit: outputs are differentiated by inputs only)
+    return model.to(settings.base_precision_dtype).eval()
+
+
+def foundation_models() -> dict[str, Any]:
+    """The published UMA configurations users run, by name, with random
+    weights (no download): ``uma-s-1p1`` (:func:`uma_s`: UMA-S 1.1, 147M
+    parameters, its 32 experts merged for fcc Cu, task ``omat``, as
+    fairchem's CPU inference settings merge them). An unmerged mixture of
+    experts is not among them: it recompiles whenever a system's edge count
+    changes, whatever the padding (see the adapter page)."""
+    return {"uma-s-1p1": functools.partial(uma_s, UMA_S_1P1_CONFIG)}
+
+
 def _load_model(path: str, device: str = "cpu") -> torch.nn.Module:
     """A local fairchem checkpoint (``.pt``), loaded by fairchem's own loader."""
     from fairchem.core.units.mlip_unit import load_predict_unit
@@ -334,5 +449,6 @@ ADAPTER = builtin_adapter(
         random_model=random_model,
         load_model=_load_model,
         default_system=default_system,
+        foundation_models=foundation_models,
     ),
 )
