@@ -48,6 +48,7 @@ Tested with orb-models 0.5.5, the last release that installs on Python
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from typing import Any
 
@@ -58,8 +59,8 @@ from ddpad.adapters._common import builtin_adapter, diamond_carbon, voigt_to_ful
 from torch import Tensor
 
 __all__ = [
-    "ADAPTER", "OrbPadder", "OrbPredict", "build_input", "default_system", "load_model", "make_padder",
-    "prepare_model", "properties", "random_model", "tensor_input",
+    "ADAPTER", "OrbPadder", "OrbPredict", "build_input", "default_system", "foundation_models", "load_model",
+    "make_padder", "prepare_model", "pretrained_architecture", "properties", "random_model", "tensor_input",
 ]
 
 # fills of the dead rows, by feature dict; unlisted tensors get 0
@@ -550,6 +551,53 @@ def load_model(path: str, device: str = "cpu", *, architecture: str | None = Non
     return model
 
 
+# the published models the kit checks -> orb's architecture builder whose parameters their
+# constructors in ``orb_models.forcefield.pretrained`` load (checked: the load is strict)
+FOUNDATION_ARCHITECTURES = {
+    "orb-v3-conservative-inf-omat": "orb_v3_conservative_architecture",
+    "orb-v3-direct-20-omat": "orb_v3_direct_architecture",
+}
+
+
+def pretrained_architecture(name: str, device: str = "cpu", *, seed: int = 0) -> torch.nn.Module:
+    """Published orb model ``name`` (a key of :data:`FOUNDATION_ARCHITECTURES`)
+    with random weights, built by orb's own constructor for it
+    (``pretrained.ORB_PRETRAINED_MODELS[name]``: its ``SystemConfig``, its
+    architecture builder at orb's default sizes, ``load_model``'s float32
+    precision, eval mode, frozen parameters), uncompiled. The constructor
+    downloads its checkpoint from a URL by default; here it is given a local
+    one instead, saved from the architecture builder with random weights
+    (orb's initialisation, its default reference energies; the normalisers'
+    statistics, zero mean and unit variance at initialisation, made random),
+    and loads it strictly."""
+    import os
+    import tempfile
+
+    from orb_models.forcefield import pretrained
+
+    torch.manual_seed(seed)
+    architecture = getattr(pretrained, FOUNDATION_ARCHITECTURES[name])()
+    with torch.no_grad():
+        for key, buffer in architecture.named_buffers():
+            if key.endswith("normalizer.bn.running_mean"):
+                buffer.normal_(0.0, 1.0)
+            elif key.endswith("normalizer.bn.running_var"):
+                buffer.uniform_(0.5, 2.0)
+    with tempfile.TemporaryDirectory(prefix="ddpad-orb-") as folder:
+        path = os.path.join(folder, f"{name}-random.ckpt")
+        torch.save(architecture.state_dict(), path)
+        return load_model(path, device, architecture=name)
+
+
+def foundation_models() -> dict[str, Any]:
+    """The published Orb v3 models users run, by name, with random weights
+    (:func:`pretrained_architecture`, no download; orb-models 0.5.5): the
+    conservative model with unlimited neighbours (``orb-v3-conservative-inf-omat``,
+    120 within 6 A) and the direct one with 20 (``orb-v3-direct-20-omat``);
+    25.5M and 25.6M parameters, float32."""
+    return {name: functools.partial(pretrained_architecture, name) for name in FOUNDATION_ARCHITECTURES}
+
+
 default_system = diamond_carbon
 
 
@@ -594,5 +642,6 @@ ADAPTER = builtin_adapter(
         default_system=default_system,
         ase_calculator=ase_calculator,
         torchsim_model=torchsim_model,
+        foundation_models=foundation_models,
     ),
 )
