@@ -91,6 +91,16 @@ class TestMatterSim(AdapterTests):
         # triplet and system counts all change, and the caps grow once
         return default_trajectory(resolved, steps=5)
 
+    @pytest.fixture
+    def foundation_structures(self) -> list[Any]:
+        """MatterSim 1M and 5M run three 5-8 atom C/Si/O crystals, not the
+        64-atom diamond: each model's aot_eager compile (~15 s of CPU) is
+        most of the time, and the diamond's 100k triplets
+        added ~10 s more per model. Largest first: the caps fit all three, one
+        compile per model (a growth would compile the same model again)."""
+        rng = np.random.default_rng(6)
+        return sorted((structure(step, rng, (1, 1, 1)) for step in range(3)), key=len, reverse=True)
+
 
 def test_padded_graph_is_consistent_and_dead_triplets_are_inert() -> None:
     """Dead triplets reference the last edge row, a dead edge of the dead

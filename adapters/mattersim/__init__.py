@@ -630,6 +630,17 @@ def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
     return _inference(potential)
 
 
+def foundation_models() -> dict[str, Any]:
+    """MatterSim v1.0.0 1M and 5M (float32): :func:`random_model` at the
+    published checkpoints' ``model_args`` (mattersim 1.2.3 ships none:
+    ``Potential.from_checkpoint`` downloads them), the rest ``M3Gnet``'s
+    defaults; they give the published sizes, 890,034 trainable parameters
+    (1M, as mattersim's ``train_model`` logs it) and 4,549,142 with the basis
+    and normaliser buffers (5M)."""
+    args = {"mattersim-v1.0.0-1M": (3, 128), "mattersim-v1.0.0-5M": (4, 256)}  # (num_blocks, units)
+    return {name: functools.partial(random_model, num_blocks=b, units=u) for name, (b, u) in args.items()}
+
+
 default_system = diamond_carbon
 
 
@@ -685,5 +696,6 @@ ADAPTER = builtin_adapter(
         default_system=default_system,
         ase_calculator=ase_calculator,
         torchsim_model=torchsim_model,
+        foundation_models=foundation_models,
     ),
 )
