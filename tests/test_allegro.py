@@ -18,6 +18,7 @@ from ase.build import bulk
 from ddpad import adapters
 from ddpad.adapters import allegro as allegro_adapter
 from ddpad.adapters import nequip as nequip_adapter
+from _cells import small_hco_cells  # noqa: E402
 from ddpad.testing import AdapterTests
 
 ATOL = 1e-10
@@ -49,6 +50,11 @@ class TestAllegroConformance(AdapterTests):
             [structure(s, rng), structure(s + 50, rng, (1, 1, 1))] if s % 3 == 2 else structure(s, rng)
             for s in range(6)
         ]
+
+    @pytest.fixture
+    def foundation_structures(self) -> list[Any]:
+        """What Allegro-OAM-L (random weights, float32, r_max 7 A) runs in the kit's check."""
+        return small_hco_cells()
 
 
 @pytest.fixture(scope="module")

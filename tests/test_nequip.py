@@ -17,6 +17,7 @@ from ase.build import bulk
 from ddpad import adapters
 from ddpad.adapters import nequip as nequip_adapter
 from ddpad.ase import Calculator
+from _cells import small_hco_cells  # noqa: E402
 from ddpad.testing import AdapterTests, check_graphs
 
 ATOL = 1e-10
@@ -54,6 +55,11 @@ class TestNequIPConformance(AdapterTests):
     @pytest.fixture
     def trajectory(self) -> list[Any]:
         return trajectory_of()
+
+    @pytest.fixture
+    def foundation_structures(self) -> list[Any]:
+        """What NequIP-OAM-L and -XL (random weights, float32, r_max 6 A, ZBL) runs in the kit's check."""
+        return small_hco_cells()
 
 
 def assert_close(out: dict[str, Any], ref: dict[str, Any], atol: float = ATOL) -> float:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import random
 import warnings
@@ -51,14 +52,20 @@ __all__ = [
     "NequIPPadder",
     "build_input",
     "build_model",
+    "build_named",
     "build_random",
     "default_system",
     "dtype_name",
     "evaluate",
+    "foundation_model_config",
+    "foundation_models",
     "global_state",
     "load_model",
     "make_adapter",
     "make_padder",
+    "oam_config",
+    "oam_per_type_energies",
+    "oam_type_names",
     "prepare_model",
     "properties",
     "random_model",
@@ -451,6 +458,84 @@ def random_model(dtype: torch.dtype = torch.float64, device: str = "cpu", **conf
     return build_random(random_model_config, dtype, device, config)
 
 
+def oam_type_names() -> list[str]:
+    """The 89 elements of the nequip.net OAM foundation models (H to Bi, Ac to
+    Pu), in their published order; type names are the chemical symbols."""
+    from ase.data import chemical_symbols
+
+    return [chemical_symbols[z] for z in (*range(1, 84), *range(89, 95))]
+
+
+def oam_per_type_energies(type_names: Sequence[str], seed: int = 0) -> dict[str, Any]:
+    """Random non-zero per-type energy shifts (-0.01 to -10 eV, the range of the
+    OAM models' isolated-atom references) and scales (0.1 to 1.6, their force
+    RMS range), from ``seed``: a dead atom joined to a real system, or a dead
+    row reaching ``PerTypeScaleShift``, would show. Shifts fixed and scales
+    trainable, as the OAM models train them."""
+    rng = np.random.default_rng(seed)
+    shifts = -np.exp(rng.uniform(np.log(0.01), np.log(10.0), len(type_names)))
+    scales = rng.uniform(0.1, 1.6, len(type_names))
+    return {
+        "per_type_energy_shifts": {t: float(v) for t, v in zip(type_names, shifts)},
+        "per_type_energy_scales": {t: float(v) for t, v in zip(type_names, scales)},
+        "per_type_energy_shifts_trainable": False, "per_type_energy_scales_trainable": True,
+    }
+
+
+# NequIP-OAM: the size presets nequip ships (PresetNequIPGNNModel) with the
+# settings of the published training configs that the presets do not hold
+NEQUIP_OAM_PRESETS: dict[str, dict[str, Any]] = {
+    "NequIP-OAM-L": {"preset": "L", "type_embed_num_features": 48},  # the L 0.1 config overrides the preset's 32
+    "NequIP-OAM-XL": {"preset": "XL"},
+}
+
+
+def foundation_model_config(name: str, seed: int = 0) -> dict[str, Any]:
+    """The model config of a NequIP-OAM foundation model (``NEQUIP_OAM_PRESETS``).
+
+    Architecture: nequip's own ``PresetNequIPGNNModel`` at the model's size
+    (nequip 0.19: L = 6 layers, ``l_max = 3``, features ``[128, 64, 32, 32]``;
+    XL = 6 layers, ``l_max = 4``, ``[320, 96, 64, 32, 32]``; no parity,
+    radial MLP 1 x 128). The rest is the published training configs'
+    ``model:`` section (nequip-OAM-L-0.1 / nequip-OAM-XL-0.1, as submitted to
+    Matbench Discovery): ``r_max = 6`` A, 8 trainable Bessels, polynomial
+    cutoff ``p = 5``, ``avg_num_neighbors = 62.01``, a ZBL pair potential,
+    float32, the 89 OAM elements. Per-type energy shifts and scales are
+    random and non-zero (:func:`oam_per_type_energies`); weights are
+    nequip's random initialisation from ``seed``.
+    """
+    names = oam_type_names()
+    return oam_config(
+        "nequip.model.PresetNequIPGNNModel", NEQUIP_OAM_PRESETS, name, seed, r_max=6.0, num_bessels=8,
+        bessel_trainable=True, polynomial_cutoff_p=5, avg_num_neighbors=62.012104256525795,
+        pair_potential={"_target_": "nequip.nn.pair_potential.ZBL", "units": "metal", "chemical_species": names},
+    )
+
+
+def oam_config(target: str, presets: dict[str, dict[str, Any]], name: str, seed: int = 0,
+               **settings: Any) -> dict[str, Any]:
+    """The config of OAM foundation model ``name`` of ``presets`` (its model
+    section) built by ``target``: float32, the 89 OAM elements, random
+    per-type energies (:func:`oam_per_type_energies`), ``settings``."""
+    if name not in presets:
+        raise ValueError(f"unknown foundation model {name!r} for {target}; known: {sorted(presets)}")
+    names = oam_type_names()
+    return {"_target_": target, **presets[name], "seed": seed, "model_dtype": "float32", "type_names": names,
+            **settings, **oam_per_type_energies(names, seed)}
+
+
+def foundation_models() -> dict[str, Callable[[], torch.nn.Module]]:
+    """The nequip.net NequIP foundation architectures users run, by name,
+    with random weights (nothing is downloaded): NequIP-OAM-L and
+    NequIP-OAM-XL (:func:`foundation_model_config`)."""
+    return {name: functools.partial(build_named, foundation_model_config, name) for name in NEQUIP_OAM_PRESETS}
+
+
+def build_named(make_config: Callable[[str], dict[str, Any]], name: str) -> torch.nn.Module:
+    """The model of ``make_config(name)`` (a foundation builder's body)."""
+    return build_model(make_config(name))
+
+
 def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
     """A local nequip checkpoint (``.ckpt``) or package (``.nequip.zip``),
     loaded with nequip's ``load_saved_model`` (eager), in eval mode. Model
@@ -520,5 +605,5 @@ def make_adapter(name: str, *, requires: tuple[str, ...], tools: ToolHooks, **en
 ADAPTER = make_adapter(
     "nequip",
     requires=("nequip",),  # import names, the model package's first
-    tools=ToolHooks(random_model=random_model, load_model=load_model),
+    tools=ToolHooks(random_model=random_model, load_model=load_model, foundation_models=foundation_models),
 )
