@@ -27,8 +27,8 @@ from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter
 from torch import Tensor
 
-__all__ = ["ADAPTER", "build_input", "default_system", "evaluate", "load_model", "make_padder", "random_model",
-           "tensor_input"]
+__all__ = ["ADAPTER", "build_input", "default_system", "evaluate", "foundation_models", "load_model", "make_padder",
+           "random_model", "tensor_input", "wb97m_d3_model"]
 
 NBMAT_KEYS = ("nbmat", "nbmat_lr", "nbmat_coulomb", "nbmat_dftd3")
 ATOM_OUTPUTS = ("forces", "charges", "spin_charges")
@@ -88,10 +88,12 @@ def _step(model: Any, data: dict[str, Tensor], *, forces: bool = True) -> dict[s
     caller_grad = coord.requires_grad
     if forces and not caller_grad:
         coord.requires_grad_(True)
+    # aimnet's D3 term counts molecules as int(mol_idx.max()) + 1 unless told (eager aimnet tells it
+    # its cached count): a host read, so a graph break under Dynamo (before: the model's forward
+    # skipped, its helpers compiled per call site, 15 graphs) and a data-dependent size in a fake
+    # trace. Told charge's length: the count aimnet's own compiled path uses
+    data = {**data, "_dftd3_num_systems": data["charge"].shape[0]}
     if _fake_traced(coord):
-        # aimnet's D3 term counts molecules as int(mol_idx.max()) + 1 (a
-        # data-dependent size) unless told; its compiled path's count is charge's length
-        data = {**data, "_dftd3_num_systems": data["charge"].shape[0]}
         with _tracing_path():
             out = model(data)
     else:
@@ -299,11 +301,90 @@ def random_model(
 
 
 def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
-    """A local aimnet model file (v2 ``.pt`` or trusted legacy ``.jpt``)."""
+    """A local aimnet model file (v2 ``.pt`` or trusted legacy ``.jpt``).
+
+    A v2 file whose metadata leaves the long-range Coulomb and DFT-D3 terms
+    to aimnet's calculator (``needs_coulomb`` / ``needs_dispersion``: the
+    registry's wB97M-D3 models) gets them as its last output modules
+    (:func:`_embed_external_terms`), so the model gives the energy
+    ``AIMNet2Calculator`` gives (before: the model alone, without them;
+    0.67 eV off on a random wB97M-D3 model's molecules).
+    """
     from aimnet.models.base import load_model as aimnet_load
 
     model, _ = aimnet_load(path, device=device)
+    return _embed_external_terms(model)
+
+
+def _embed_external_terms(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with the external ``LRCoulomb`` / ``DFTD3`` that
+    ``AIMNet2Calculator`` builds from its metadata appended to its outputs
+    (the calculator runs them after the model, in this order), and the
+    metadata saying so: a calculator around it adds them no more, and builds
+    the same neighbour matrices (tested against the calculator on the
+    external model: energies within 4e-7 eV)."""
+    meta = getattr(model, "_metadata", None) or {}
+    if not (meta.get("needs_coulomb") or meta.get("needs_dispersion")):
+        return model
+    calculator = _calculator(model)
+    for name, module in (("lrcoulomb", calculator.external_coulomb), ("dftd3", calculator.external_dftd3)):
+        if module is not None:
+            model.outputs[name] = module
+    # "full_embedded": aimnet's mode of a model that holds its whole Coulomb term (legacy .jpt models)
+    mode = "full_embedded" if calculator.external_coulomb is not None else meta.get("coulomb_mode", "none")
+    model._metadata = {**meta, "needs_coulomb": False, "needs_dispersion": False, "coulomb_mode": mode}
     return model
+
+
+# the elements of the published AIMNet2 wB97M-D3 models (H, B, C, N, O, F, Si, P, S, Cl, As, Se, Br, I)
+WB97M_SPECIES = (1, 5, 6, 7, 8, 9, 14, 15, 16, 17, 33, 34, 35, 53)
+
+
+def foundation_models() -> dict[str, Any]:
+    """The published AIMNet2 wB97M-D3 (aimnet's registry: ``aimnet2-wb97m-d3_0``
+    .. ``_3``, one architecture) with random weights, made as its files are
+    made and loaded as users load them: :func:`wb97m_d3_model`."""
+    return {"aimnet2-wb97m-d3": wb97m_d3_model}
+
+
+def wb97m_d3_model(seed: int = 0) -> torch.nn.Module:
+    """AIMNet2 wB97M-D3 as the registry ships it (float32; float64 atomic
+    shifts), random weights: the file :func:`_export_wb97m_d3` writes, loaded
+    by :func:`load_model` as a user loads the registry's files."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return load_model(str(_export_wb97m_d3(tmp, seed)))
+
+
+def _export_wb97m_d3(folder: str, seed: int = 0) -> Any:
+    """Write ``folder/model.pt``, a random-weight AIMNet2 wB97M-D3 made as the
+    registry's files are made: :func:`random_model` of aimnet's
+    ``aimnet2_dftd3_wb97m.yaml`` exported by aimnet's own ``aimnet export``
+    (``aimnet/train/export_model.py``: the long-range Coulomb and D3 terms
+    left to the calculator, a short-range Coulomb term in their place,
+    self-atomic energies baked into the float64 atomic shifts, the other
+    elements' embedding rows NaN) with random self-atomic energies (-2000
+    to -10 eV) for :data:`WB97M_SPECIES`. Returns the file's path."""
+    import contextlib
+    import importlib.resources
+    import io
+    import pathlib
+
+    import yaml
+    from aimnet.train.export_model import export_model
+
+    config = importlib.resources.files("aimnet") / "models" / "aimnet2_dftd3_wb97m.yaml"
+    weights = random_model(config=config.name, seed=seed).state_dict()
+    generator = torch.Generator().manual_seed(seed)
+    sae = {z: -10.0 - 1990.0 * float(torch.rand((), generator=generator)) for z in WB97M_SPECIES}
+    out = pathlib.Path(folder)
+    torch.save(weights, out / "weights.pt")
+    (out / "model.sae").write_text(yaml.safe_dump(sae))
+    args = [str(out / "weights.pt"), str(out / "model.pt"), "--model", str(config), "--sae", str(out / "model.sae")]
+    with contextlib.redirect_stdout(io.StringIO()):
+        export_model.main(args, standalone_mode=False)
+    return out / "model.pt"
 
 
 def default_system() -> Any:
@@ -348,5 +429,6 @@ ADAPTER = builtin_adapter(
         default_system=default_system,
         ase_calculator=ase_calculator,
         torchsim_model=torchsim_model,
+        foundation_models=foundation_models,
     ),
 )
