@@ -47,6 +47,8 @@ COLD = (*ONE_THREAD, ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1"))
 
 # the package's steady step beside torch.compile's at the same caps (ddpad bench --steady --package)
 PACKAGE_ADAPTERS = ("mace", "nequip", "allegro", "orb", "sevennet", "mattersim", "aimnet2", "uma")
+SEVENNET0_SYSTEMS = ("si64", "mgo64", "water96")  # benchmarks/systems/NAME.extxyz
+STEADY_RUNS = ("steady-mace", "steady-aimnet2", "steady-uma", *(f"steady-sevennet0-{n}" for n in SEVENNET0_SYSTEMS))
 INPUT_ADAPTERS = ("mace", "sevennet", "nequip", "uma", "mattersim")  # tensor_input against the pipeline (input_build.py)
 
 
@@ -94,6 +96,13 @@ MEASUREMENTS = (
     Measurement("ase-one-sevennet0", "sevennet", ("ase", "one", "--adapter", "sevennet", "--model", "7net-0"),
                 ("ase", "one", "--adapter", "sevennet", "--model", "7net-0", "--blocks", "4"),
                 script="engine_step.py"),
+    # SevenNet-0's first calls and steady step on a crystal, an oxide and liquid-density water
+    # (benchmarks/systems/make.py wrote the structures)
+    Measurement("first-call-sevennet0", "sevennet",
+                ("sevennet", "--first-call", "--model", "7net-0", "--system", "benchmarks/systems/si64.extxyz")),
+    *(Measurement(f"steady-sevennet0-{name}", "sevennet",
+                  ("sevennet", "--steady", "--model", "7net-0", "--system", f"benchmarks/systems/{name}.extxyz"),
+                  env=COLD) for name in SEVENNET0_SYSTEMS),
     # (a step evaluates 64 atoms and ~3,000 ghost images: fewer, shorter blocks)
     Measurement("lammps-one", "mace", ("lammps", "one", "--adapter", "mace", "--blocks", "3", "--steps", "3"),
                 ("lammps", "one", "--adapter", "mace", "--blocks", "1", "--steps", "3"), script="engine_step.py",
@@ -168,6 +177,8 @@ def run(measurement: Measurement, python: str, quick: bool) -> dict[str, Any] | 
     with tempfile.TemporaryDirectory(prefix="ddpad-page-") as tmp:
         out, plot = os.path.join(tmp, "report.json"), os.path.join(tmp, "plot.png")
         started, load = datetime.datetime.now(datetime.timezone.utc), os.getloadavg()
+        # (it runs in a scratch folder: the repository's files by their full path)
+        command = [str(ROOT / arg) if arg.startswith("benchmarks/systems/") else arg for arg in command]
         argv = ([python, str(ROOT / command[1]), *command[2:], "--json", out] if measurement.script
                 else [python, "-m", "ddpad", *command[1:], "--out", out, "--plot", plot])
         res = subprocess.run(argv, cwd=tmp, text=True, check=False, env={**os.environ, **dict(measurement.env)})
@@ -236,12 +247,25 @@ def trajectory_section(doc: dict[str, Any]) -> str:
         "![step time per step](img/bench-steps.png)", "![fill per step](img/bench-fill.png)", _made_by(doc)])
 
 
+def _label(report: dict[str, Any], atoms: int) -> str:
+    """``adapter (trained model), system`` for a row: the model where the
+    report names a file or name it loaded, the system where it says one."""
+    system = f"{report['system']}, " if report.get("system") else ""
+    return f"{_model_tag(report)}, {system}{atoms} atoms"
+
+
+def _model_tag(report: dict[str, Any]) -> str:
+    """``adapter`` or ``adapter (trained model)`` where the report loaded one."""
+    model = report.get("model", "")
+    return report["adapter"] + (f" ({model.removeprefix('model ')})" if model.startswith("model ") else "")
+
+
 def steady_section(docs: list[dict[str, Any]]) -> str:
     rows = []
     for doc in docs:
         r = doc["report"]
         v = r["variants"]
-        rows.append([f"{r['adapter']}, {r['atoms'][-1]} atoms", _lowest_fill(v["headroom"]["fill"]),
+        rows.append([_label(r, r["atoms"][-1]), _lowest_fill(v["headroom"]["fill"]),
                      f"{v['headroom']['vs_unpadded']:.3f}", _lowest_fill(v["tight"]["fill"]),
                      f"**{v['tight']['vs_unpadded']:.3f}**", f"{v['tight']['vs_eager']:.3f}",
                      f"{v['unpadded']['median_ms']:.2f}"])
@@ -302,9 +326,12 @@ def first_call_section(docs: list[dict[str, Any]]) -> str:
         load = w.get("aot load", {})  # what the fresh process's first call ran
         route = ("-" if "aot_loaded" not in load else "package" if load["aot_loaded"] else
                  "torch.compile (package not taken)" if load["aot_refused"] else "torch.compile")
-        rows.append([doc["report"]["adapter"], *cells, *steady, route, doc["date"][:10]])
+        r = doc["report"]
+        rows.append([_label(r, r["atoms"]) if "atoms" in r else r["adapter"], *cells, *steady, route,
+                     doc["date"][:10]])
     return "\n\n".join([
-        "The first call of each adapter's default model and system (random weights), each in a fresh process "
+        "The first call of each adapter's default model and system (random weights; a trained model where the "
+        "row names one), each in a fresh process "
         "with an empty Inductor cache unless said, seconds (and x cold): cold, an empty compile store; store, "
         "the store the cold run filled in a fresh Inductor cache (another machine); warm, the store and the "
         "Inductor cache the cold run left (a restart); aot build, `compile_mode=\"aot\"` building the package "
@@ -423,7 +450,7 @@ def _plots(docs: dict[str, dict[str, Any]]) -> None:
         for i, key in enumerate(FIRST_CALL_ROWS):
             values = [d["report"]["warm_start"].get(key, {}).get("first_call_s", 0.0) for d in first]
             ax.bar([j + i * width for j in range(len(first))], values, width, label=key)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(first))], [d["report"]["adapter"] for d in first])
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(first))], [_model_tag(d["report"]) for d in first])
         ax.set_yscale("log")
         ax.set_ylabel("first call [s]")
         ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0))
@@ -449,7 +476,7 @@ def render() -> str:
     first = [d for name, d in sorted(docs.items()) if name.startswith("first-call-")]
     if first:
         parts += ["## First calls: cold, from the store, warm, and ahead-of-time packages", first_call_section(first)]
-    steady = [docs[n] for n in ("steady-mace", "steady-aimnet2", "steady-uma") if n in docs]
+    steady = [docs[n] for n in STEADY_RUNS if n in docs]
     if steady:
         parts += ["## What padding costs a steady step", steady_section(steady)]
     packages = [docs[f"package-{a}"] for a in PACKAGE_ADAPTERS if f"package-{a}" in docs]
