@@ -29,7 +29,7 @@ from ._caps_file import caps_fitted, load_caps, save_caps
 from ._context import DistributedContext, activate_dd_context, current_dd_context
 from ._manager import CompileManager
 from ._memory import derive_ceilings, measure_peak, reset_peak
-from ._noise import CompileEvent, CompileNotice
+from ._noise import CompileEvent, CompileNotice, quiet
 from ._options import WrapOptions
 from ._protocol import GraphPadder
 from ._routes import Step
@@ -37,6 +37,7 @@ from ._shrink import Shrinker
 from ._stats import caps_changed
 from ._strict import RecompileError, guard_failure_counts, unexplained
 from ._warm import warm_rungs
+from ._weights import Follow
 
 if TYPE_CHECKING:
     from ._adapter import Adapter
@@ -130,6 +131,10 @@ class PaddedModel(torch.nn.Module):
         self.call = call  # the adapter's step: (compiled, input, ...) -> output, or None
         # the model before the adapter prepared it (None: not prepared): what a worker prepares again
         self.__dict__["source"] = source  # (not a submodule: no second copy of the weights in state_dict)
+        # the prepared copy holds the source's own tensors; a change it does not follow prepares it again
+        self._follow = Follow(source, model) if source is not None else None
+        self._compile_region = compile_region
+        self._remake_padder: Callable[[torch.nn.Module], GraphPadder] | None = None  # wrap's own padder: remade
         self.dynamo_config = dict(dynamo_config or {})
         self.on_recompile = opts.on_recompile
         self.max_caps: dict[str, int] = dict(opts.max_caps)  # lowered by a memory budget
@@ -171,6 +176,10 @@ class PaddedModel(torch.nn.Module):
             turns.give()
 
     def _forward(self, data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._follow is not None:
+            changed = self._follow.stale()
+            if changed is not None:
+                self._prepare_again(changed)
         stats, options = self.stats, self.options
         index, graphs_before, recompiles_before = stats.calls, stats.graphs, stats.recompiles
         allocations_before = getattr(self.padder, "allocations", None)
@@ -287,6 +296,30 @@ class PaddedModel(torch.nn.Module):
         built = "package" if self.manager.aot is not None else "graph"
         message = f"{what}: compiling or loading the {built}"
         return CompileNotice(log, message, event=CompileEvent("start", kind, message, dict(trial), change, built))
+
+    def _prepare_again(self, changed: str) -> None:
+        """The user's model changed in a way the prepared copy does not follow
+        (``changed`` says how): prepare it again and start over from it, at
+        the caps reached (its graphs compile again, its stats restart)."""
+        assert self.adapter is not None and self.adapter.prepare_model is not None and self.source is not None
+        warnings.warn(f"ddpad: your model changed after wrap ({changed}), which the compile-ready copy ddpad "
+                      "runs does not follow: prepared the copy again from your model; its graphs compile again "
+                      "and its stats restart", RuntimeWarning, stacklevel=4)
+        with quiet():
+            model = self.adapter.prepare_model(self.source)
+        self.manager.close()
+        self._follow = Follow(self.source, model)
+        self.model = model
+        if self._remake_padder is not None:
+            self.padder = self._remake_padder(model)
+        sizer = self.sizer
+        self.manager = CompileManager(self, model, adapter=self.adapter, call=self.call,
+                                      dynamo_config=self.dynamo_config, compile_region=self._compile_region,
+                                      options=self.options, caps=self.cap_state,
+                                      fitted=sizer is None or sizer.settled, seam=self.pad_in_forward)
+        self.stats = self.manager.stats
+        if self.shrinker is not None:
+            self.shrinker = Shrinker(self.options.shrink, self.sizer)
 
     def close(self) -> None:
         """Stop this model's background compiles and package builds (a worker

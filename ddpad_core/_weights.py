@@ -1,5 +1,8 @@
 """What an ahead-of-time package was built from: the model's weights and
-hyper-parameters, digested for the store's key and watched between calls.
+hyper-parameters, digested for the store's key and watched between calls;
+and the user's model behind an adapter's prepared copy, whose weights the
+copy shares (:func:`share_weights`) and whose other changes are followed
+(:class:`Follow`).
 
 A package holds the weights it was traced with and the hyper-parameters its
 graph baked in. :class:`Watch` notices, before a call, that either changed
@@ -17,8 +20,9 @@ import operator
 from typing import Any
 
 import torch
+from torch import Tensor
 
-__all__ = ["Watch", "packages_key", "plain", "weights_digest"]
+__all__ = ["Follow", "Watch", "packages_key", "plain", "share_weights", "weights_digest"]
 
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -76,11 +80,13 @@ class Watch:
             state = module.__dict__
             self._dicts += [state, module._parameters, module._buffers, module._modules]
             slots = [(state, name) for name, value in state.items() if not name.startswith("_") and plain(value)]
-            slots += [(held, name) for held in (module._parameters, module._buffers, module._modules) for name in held]
+            # (keys(): a TorchScript module's dicts are wrappers that iterate by index)
+            slots += [(held, name) for held in (module._parameters, module._buffers, module._modules)
+                      for name in held.keys()]
             self._slots += slots
             self._owners += [module] * len(slots)
         self._sizes = [len(d) for d in self._dicts]
-        self._values = [held.get(name) for held, name in self._slots]
+        self._values = [_get(held, name) for held, name in self._slots]
         self._tensors = [t for m in modules for t in [*m._parameters.values(), *m._buffers.values()] if t is not None]
         self._versions = [t._version for t in self._tensors]
         self._pointers = [t.data_ptr() for t in self._tensors]
@@ -94,7 +100,7 @@ class Watch:
             return "a parameter or buffer was moved (.to(), .data =)"
         if list(map(len, self._dicts)) != self._sizes:
             return "an attribute, parameter, buffer or submodule was added or removed"
-        now = [held.get(name, _MISSING) for held, name in self._slots]
+        now = [_get(held, name) for held, name in self._slots]
         if all(map(operator.is_, now, self._values)):
             return None
         i = next(i for i, (a, b) in enumerate(zip(now, self._values)) if a is not b)
@@ -103,5 +109,101 @@ class Watch:
             return f"a hyper-parameter was set ({owner}.{name} = {now[i]!r})"
         return f"{owner}.{name} was replaced"
 
+    def written_only(self, shared: set[int]) -> bool:
+        """Whether what changed since :meth:`mark` is only in-place writes to
+        the tensors whose ids are in ``shared`` (nothing moved, swapped,
+        added or set)."""
+        if [t.data_ptr() for t in self._tensors] != self._pointers or list(map(len, self._dicts)) != self._sizes:
+            return False
+        if not all(_get(held, name) is value for (held, name), value in zip(self._slots, self._values)):
+            return False
+        return all(id(t) in shared for t, v in zip(self._tensors, self._versions) if t._version != v)
+
 
 _MISSING = object()
+
+
+def _get(held: Any, name: str) -> Any:
+    """``held[name]``, or a marker where it is gone (a dict, or a TorchScript
+    module's wrapper of one, which has no ``get``)."""
+    return held[name] if name in held else _MISSING
+
+
+def _tensor_slots(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, str, Tensor]]:
+    """``(module, slot, qualified name, tensor)`` of every parameter and buffer."""
+    return [(module, name, f"{prefix}.{name}" if prefix else name, tensor)
+            for prefix, module in model.named_modules(remove_duplicate=False)
+            for held in (module._parameters, module._buffers) for name, tensor in list(held.items()) if tensor is not None]
+
+
+def share_weights(prepared: torch.nn.Module, source: torch.nn.Module) -> set[int]:
+    """Make ``prepared`` (an adapter's compile-ready copy of ``source``) hold
+    ``source``'s own tensors wherever it holds an equal copy of one: same
+    shape, dtype, device and values, the longest common name suffix first.
+    A write to ``source``'s weights in place (an optimizer step,
+    ``load_state_dict``, ``mul_``) is then a write to ``prepared``'s, and the
+    weights sit in memory once. A slot keeps its kind (parameter or buffer)
+    and ``requires_grad``: where they differ it holds a view sharing
+    ``source``'s storage and version counter. Returns the ids of the
+    ``source`` tensors now shared."""
+    candidates: dict[tuple[Any, ...], list[tuple[str, Tensor]]] = {}
+    for _, _, name, tensor in _tensor_slots(source):
+        candidates.setdefault((tuple(tensor.shape), tensor.dtype, tensor.device), []).append((name, tensor))
+    shared: set[int] = set()
+    for module, slot, name, tensor in _tensor_slots(prepared):
+        pool = candidates.get((tuple(tensor.shape), tensor.dtype, tensor.device), [])
+        for _, own in sorted(pool, key=lambda c: -_common_suffix(c[0], name)):
+            if own is tensor or own.data_ptr() == tensor.data_ptr():
+                shared.add(id(own))
+                break
+            if not torch.equal(own.detach(), tensor.detach()):
+                continue
+            if slot in module._parameters:
+                same = isinstance(own, torch.nn.Parameter) and own.requires_grad == tensor.requires_grad
+                module._parameters[slot] = own if same else torch.nn.Parameter(own.detach(), tensor.requires_grad)
+            else:
+                module._buffers[slot] = own.detach()
+            shared.add(id(own))
+            break
+    return shared
+
+
+def _common_suffix(a: str, b: str) -> int:
+    """How many trailing dotted parts ``a`` and ``b`` share."""
+    n = 0
+    for x, y in zip(reversed(a.split(".")), reversed(b.split("."))):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Follow:
+    """The user's model behind an adapter's prepared copy: the copy shares
+    its weights (:func:`share_weights`), so writes to them in place need
+    nothing; :meth:`stale` says when ``source`` changed in a way the copy
+    does not follow (a tensor it does not share written, a tensor moved or
+    swapped, a hyper-parameter set, a submodule replaced): the copy must
+    then be prepared again.
+
+    Parameters
+    ----------
+    source
+        The model the user holds.
+    prepared
+        The adapter's copy of it (its tensors are made ``source``'s here).
+    """
+
+    def __init__(self, source: torch.nn.Module, prepared: torch.nn.Module) -> None:
+        self.shared = share_weights(prepared, source)
+        self.watch = Watch(source)
+
+    def stale(self) -> str | None:
+        """What changed in ``source`` that the copy does not follow, or None."""
+        why = self.watch.changed()
+        if why is None:
+            return None
+        if self.watch.written_only(self.shared):
+            self.watch.mark()
+            return None
+        return why

@@ -36,7 +36,10 @@ def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder 
     Parameters
     ----------
     model
-        The model, called with its native input.
+        The model, called with its native input. It stays the model that
+        runs: an adapter's compile-ready copy holds its tensors, and any
+        other change to it after ``wrap`` prepares the copy again (one
+        warning; docs/pages/contract.md, "Your weights").
     adapter
         An :class:`~ddpad.adapters.Adapter` or a registered name (``"mace"``).
     padder
@@ -134,7 +137,7 @@ def padded_model(model: torch.nn.Module, adapter: Adapter, *, padder: GraphPadde
     """:func:`wrap` for a model ``adapter.prepare_model`` has already prepared
     (from ``source``: what a worker prepares again; what a background worker
     rebuilds)."""
-    return PaddedModel(
+    wrapped = PaddedModel(
         model,
         padder if padder is not None else adapter.make_padder(model),
         adapter=adapter,
@@ -145,3 +148,6 @@ def padded_model(model: torch.nn.Module, adapter: Adapter, *, padder: GraphPadde
         compile_region=adapter.compile_region,
         **options,
     )
+    if padder is None:  # made here: made again for a model prepared again
+        wrapped._remake_padder = adapter.make_padder
+    return wrapped

@@ -28,7 +28,7 @@ class and inherits every check::
         def foundation_structures(self): # default: the trajectory's first three single structures
             return [...]
 
-Each check is also a function (``check_exact``, ``check_dead_rows``,
+Each check is also a function (``check_exact``, ``check_follows_weights``, ``check_dead_rows``,
 ``check_call_forms``, ``check_autograd``, ``check_engine_hooks``, ``check_empty_rejected``,
 ``check_torchsim``, ``check_tensor_input``, ``check_tight``, ``check_aot``, ``check_real_model``) for use
 outside pytest classes. Needs pytest and ase;
@@ -38,6 +38,7 @@ the torch-sim check runs where torch-sim is installed and is skipped
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,6 +60,7 @@ __all__ = [
     "check_empty_rejected",
     "check_engine_hooks",
     "check_exact",
+    "check_follows_weights",
     "check_graphs",
     "check_real_model",
     "check_tensor_input",
@@ -124,6 +126,45 @@ def check_exact(
         worst = max(worst, _compare(out, ref, atol=atol, rtol=rtol, where=f"step {step}"))
     check_graphs(wrapped)
     return wrapped, worst
+
+
+def check_follows_weights(
+    adapter: Any, model: torch.nn.Module, structure: Any, *, atol: float, rtol: float = 0.0,
+    backend: str = "aot_eager", scale: float = 1.1,
+) -> PaddedModel:
+    """What the user holds is what runs: after the wrapped model's first call
+    the weights of ``model`` (the object the user holds) change three ways,
+    and each next call equals the changed model's unpadded eager output:
+    every parameter scaled in place (an optimizer step's kind of change),
+    ``load_state_dict`` back to the first weights (copied in place), and
+    ``load_state_dict(..., assign=True)`` of scaled weights (new tensors: an
+    adapter's prepared copy is prepared again, with a warning). Returns the
+    wrapped model."""
+    adapter = resolve_adapter(adapter)
+    wrapped = adapter.wrap(model, backend=backend)
+    build = adapter.input_builder(model)
+    options = _options(adapter)
+
+    def same(where: str) -> None:
+        data = build(structure)
+        ref = adapter.flat(adapter.reference(model, data, **options))
+        _compare(adapter.flat(wrapped(data, **options)), ref, atol=atol, rtol=rtol, where=where)
+
+    same("first call")
+    first = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    parameters = {name for name, _ in model.named_parameters()}
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(scale)
+    same("after every parameter was scaled in place")
+    model.load_state_dict(first)
+    same("after load_state_dict")
+    model.load_state_dict({key: value * scale if key in parameters else value for key, value in first.items()},
+                          assign=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the notice that the copy was prepared again)
+        same("after load_state_dict(assign=True)")
+    return wrapped
 
 
 def check_real_model(
@@ -599,6 +640,10 @@ class AdapterTests:
         return [s for s in trajectory if not isinstance(s, (list, tuple))][:3]
 
     @pytest.mark.long
+    def test_follows_the_users_weights(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
+        structure = next(s for s in trajectory if not isinstance(s, (list, tuple)))
+        check_follows_weights(resolved, model, structure, atol=self.atol, rtol=self.rtol, backend=self.backend)
+
     def test_foundation_configurations(self, resolved: Any, foundation_models: Mapping[str, Any],
                                        foundation_structures: list[Any]) -> None:
         """Each configuration users run: exact, finite in every padded row,

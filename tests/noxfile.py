@@ -37,6 +37,7 @@ CORE_TESTS = [
     "tests/test_packaging.py",
     "tests/test_agreement.py",
     "tests/test_runtime.py",
+    "tests/test_weights.py",
     "tests/test_cli.py",
     "tests/test_ase.py",
     "tests/test_safety.py",
