@@ -152,7 +152,7 @@ def test_coo_dead_edges_at_the_cutoff() -> None:
     polynomial envelope that grows beyond it, sevenn's, is zero), self-loop
     shifts and the anchor pair alike; the dead atoms still sit
     ``dead_length`` out; shorter than the cutoff is refused."""
-    pos = torch.rand(5, 3, dtype=torch.float64)
+    pos = torch.rand(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     base = {"positions": pos, "edge_index": torch.tensor([[0, 1], [1, 0]]), "batch": torch.zeros(5, dtype=torch.long),
             "ptr": torch.tensor([0, 5])}
     loop = COOPadder(CUTOFF, edge_fields={"shifts": Fill.DEAD_SHIFT}, dead_edge_length=CUTOFF)
@@ -163,7 +163,8 @@ def test_coo_dead_edges_at_the_cutoff() -> None:
     pair = COOPadder(CUTOFF, dead_edge_length=CUTOFF)
     out = pair.pad(dict(base), {})
     dead = out["positions"][-2:]
-    assert float((dead[1] - dead[0]).norm()) == CUTOFF and loop.dead_length == 2 * CUTOFF + 1
+    # (to rounding: the pair sits at p and p + cutoff, whose difference is the cutoff to an ulp of p)
+    assert abs(float((dead[1] - dead[0]).norm()) - CUTOFF) <= 1e-12 and loop.dead_length == 2 * CUTOFF + 1
     with pytest.raises(ValueError, match="dead_edge_length 2.4 is inside the cutoff 2.5"):
         COOPadder(CUTOFF, dead_edge_length=CUTOFF - 0.1)
 
