@@ -177,6 +177,16 @@ class CompileStore:
     def __post_init__(self) -> None:
         self.root = pathlib.Path(self.root).expanduser()
         self.writable = True  # False after a write failed: one warning, then no more writes
+        self.lockable = True  # False where the filesystem has no flock: one warning, then no locks
+
+    def _no_locks(self, exc: OSError) -> None:
+        """``flock`` failed (NFS mounted ``nolock``, Lustre without ``flock``):
+        warn once; this store's compiles then go on without the lock."""
+        if self.lockable:
+            self.lockable = False
+            log.warning("ddpad: the compile store %s cannot lock its entries (%s); compiling without the lock "
+                        "(two processes may compile one graph at once; each entry is written whole)", self.root,
+                        exc)
 
     def _unwritable(self, what: str, exc: OSError) -> None:
         """A write failed: warn once, and write nothing more to this store."""
@@ -299,12 +309,14 @@ class CompileStore:
     def lock(self, path: pathlib.Path) -> Iterator[bool]:
         """Hold the entry's lock file while compiling it. Yields True when
         this process should compile, False when it waited for another
-        process that has written the entry meanwhile (load it).
+        process that has written the entry meanwhile, or found it written
+        once it held the lock (load it).
 
         Never hangs: the wait ends when the holder is gone (same host), has
         not beaten its heartbeat for ``stale_after`` seconds, or after
         ``wait_timeout`` seconds; then this process compiles (logged). A store
-        that cannot be written compiles without a lock (warned once)."""
+        that cannot be written, or on a filesystem without ``flock``,
+        compiles without a lock (warned once)."""
         lock_path = path.with_suffix(".lock")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -312,6 +324,10 @@ class CompileStore:
         except OSError as exc:
             self._unwritable(f"creating {lock_path.name}", exc)
             yield True
+            return
+        if not self.lockable:
+            os.close(fd)
+            yield not path.exists()
             return
         locked = waited = False
         beating: threading.Event | None = None
@@ -331,6 +347,9 @@ class CompileStore:
                     continue
                 except BlockingIOError:
                     pass
+                except OSError as exc:  # ENOLCK, EOPNOTSUPP: no locks on this filesystem
+                    self._no_locks(exc)
+                    break
                 reason = self._holder_gone(fd) or (
                     f"waited {self.wait_timeout:.0f} s" if time.monotonic() >= deadline else None)
                 if reason is not None:
@@ -340,7 +359,8 @@ class CompileStore:
                 time.sleep(0.05)
             if locked:
                 beating = self._hold(fd)
-            yield not (waited and path.exists())
+            # (looked for again: another process may have written it since the caller looked)
+            yield not path.exists()
         finally:
             if beating is not None:
                 beating.set()

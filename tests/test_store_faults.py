@@ -374,3 +374,36 @@ def test_a_package_that_raises_or_disagrees_is_set_aside_and_never_rebuilt(
     torch.testing.assert_close(out["forces"], ref["forces"].detach(), rtol=0, atol=1e-10)
     s = second.stats
     assert (s.aot_loaded, s.aot_compiled, s.aot_refused) == (0, 0, 1) and "refused before" in caplog.text
+
+
+def test_a_filesystem_without_flock_is_one_warning_and_compiles(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """NFS mounted ``nolock`` or Lustre without ``flock``: before, ``flock``'s
+    ``OSError(ENOLCK)`` escaped into Dynamo's backend and the run died."""
+    import fcntl
+
+    import ddpad._store as store_module
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(store_module.fcntl, "flock", no_locks)
+    assert fcntl.flock is no_locks  # (the module ddpad locks through)
+    stats = ddpad.Stats()
+    backend = _passthrough_backend(CompileStore(tmp_path), stats)
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    with caplog.at_level(logging.WARNING, logger="ddpad"):
+        for _ in range(3):  # three graphs: one warning
+            assert backend(gm, [torch.ones(1, 2)]) is not None  # type: ignore[operator]
+    assert caplog.text.count("cannot lock its entries") == 1
+    assert stats.graphs_compiled == 3
+
+
+def test_an_entry_written_before_the_lock_was_taken_is_loaded_not_built(tmp_path: pathlib.Path) -> None:
+    """Another process may write the entry between the caller's look and the
+    lock: once locked, the entry is looked for again (before: built twice)."""
+    store = CompileStore(tmp_path)
+    entry = store.entry("m", "g")
+    store.write(entry, b"payload")  # (written by another process since the caller looked)
+    with store.lock(entry) as build_here:
+        assert not build_here
