@@ -60,3 +60,19 @@ def test_every_test_module_runs_in_a_session() -> None:
     noxfile = (tests / "noxfile.py").read_text(encoding="utf-8")
     unnamed = [p.name for p in sorted(tests.glob("test_*.py")) if f"tests/{p.name}" not in noxfile]
     assert not unnamed, f"in no nox session (tests/noxfile.py): {unnamed}"
+
+
+def test_metadata_floors_are_what_the_code_needs() -> None:
+    """``requires-python`` admits no Python the code cannot run on (it calls
+    ``BaseException.add_note``, new in 3.11), and the torch floor is the
+    torch the tests pin (the compile store, export and AOTInductor APIs
+    change between releases). Before: ``>=3.10`` and ``torch>=2.4``."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    python = re.fullmatch(r">=\s*3\.(\d+)", project["requires-python"])
+    assert python is not None and int(python.group(1)) >= 11, project["requires-python"]
+    pinned = re.search(r"^torch==(\d+\.\d+)", (ROOT / "tests" / "constraints.txt").read_text(), re.M)
+    floors = [d for d in project["dependencies"] if d.startswith("torch")]
+    assert pinned is not None and floors == [f"torch>={pinned.group(1)}"], (floors, pinned)
