@@ -109,14 +109,17 @@ class Watch:
             return f"a hyper-parameter was set ({owner}.{name} = {now[i]!r})"
         return f"{owner}.{name} was replaced"
 
-    def written_only(self, shared: set[int]) -> bool:
+    def written_only(self, shared: set[int], held: Any = None) -> bool:
         """Whether what changed since :meth:`mark` is only in-place writes to
-        the tensors whose ids are in ``shared`` (nothing moved, swapped,
-        added or set)."""
+        the tensors whose ids are in ``shared`` and plain attributes set to
+        what ``held(module, name, value)`` says is held already (nothing
+        moved, swapped, added or otherwise set)."""
         if [t.data_ptr() for t in self._tensors] != self._pointers or list(map(len, self._dicts)) != self._sizes:
             return False
-        if not all(_get(held, name) is value for (held, name), value in zip(self._slots, self._values)):
-            return False
+        for (slots, name), value, owner in zip(self._slots, self._values, self._owners):
+            now = _get(slots, name)
+            if now is not value and not (held is not None and slots is owner.__dict__ and held(owner, name, now)):
+                return False
         return all(id(t) in shared for t, v in zip(self._tensors, self._versions) if t._version != v)
 
 
@@ -138,44 +141,45 @@ def _tensor_slots(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, st
 
 def share_weights(prepared: torch.nn.Module, source: torch.nn.Module) -> set[int]:
     """Make ``prepared`` (an adapter's compile-ready copy of ``source``) hold
-    ``source``'s own tensors wherever it holds an equal copy of one: same
-    shape, dtype, device and values, the longest common name suffix first.
-    A write to ``source``'s weights in place (an optimizer step,
+    ``source``'s own tensors wherever it holds an equal copy of one under
+    the same name (one name ending the other: the copy may sit inside a
+    wrapper, ``core.model.x`` for ``x``), of the same shape, dtype, device and
+    values. A write to ``source``'s weights in place (an optimizer step,
     ``load_state_dict``, ``mul_``) is then a write to ``prepared``'s, and the
     weights sit in memory once. A slot keeps its kind (parameter or buffer)
     and ``requires_grad``: where they differ it holds a view sharing
     ``source``'s storage and version counter. Returns the ids of the
     ``source`` tensors now shared."""
-    candidates: dict[tuple[Any, ...], list[tuple[str, Tensor]]] = {}
-    for _, _, name, tensor in _tensor_slots(source):
-        candidates.setdefault((tuple(tensor.shape), tensor.dtype, tensor.device), []).append((name, tensor))
+    own = {name: tensor for _, _, name, tensor in _tensor_slots(source)}
     shared: set[int] = set()
+    views: dict[tuple[int, bool | None], Tensor] = {}  # one view per tensor and kind: ties stay ties
     for module, slot, name, tensor in _tensor_slots(prepared):
-        pool = candidates.get((tuple(tensor.shape), tensor.dtype, tensor.device), [])
-        for _, own in sorted(pool, key=lambda c: -_common_suffix(c[0], name)):
-            if own is tensor or own.data_ptr() == tensor.data_ptr():
-                shared.add(id(own))
-                break
-            if not torch.equal(own.detach(), tensor.detach()):
-                continue
+        match = _same_name(name, own)
+        if match is None or (tuple(match.shape), match.dtype, match.device) != (
+                tuple(tensor.shape), tensor.dtype, tensor.device):
+            continue
+        if match is not tensor and match.data_ptr() != tensor.data_ptr():
+            if not torch.equal(match.detach(), tensor.detach()):
+                continue  # held in another form: a write to it prepares the copy again (Follow)
             if slot in module._parameters:
-                same = isinstance(own, torch.nn.Parameter) and own.requires_grad == tensor.requires_grad
-                module._parameters[slot] = own if same else torch.nn.Parameter(own.detach(), tensor.requires_grad)
+                same = isinstance(match, torch.nn.Parameter) and match.requires_grad == tensor.requires_grad
+                module._parameters[slot] = match if same else views.setdefault(
+                    (id(match), tensor.requires_grad), torch.nn.Parameter(match.detach(), tensor.requires_grad))
             else:
-                module._buffers[slot] = own.detach()
-            shared.add(id(own))
-            break
+                module._buffers[slot] = views.setdefault((id(match), None), match.detach())
+        shared.add(id(match))
     return shared
 
 
-def _common_suffix(a: str, b: str) -> int:
-    """How many trailing dotted parts ``a`` and ``b`` share."""
-    n = 0
-    for x, y in zip(reversed(a.split(".")), reversed(b.split("."))):
-        if x != y:
-            break
-        n += 1
-    return n
+def _same_name(name: str, own: dict[str, Any]) -> Any:
+    """The value in ``own`` whose name ends ``name`` or is ended by it (the
+    longest such; None where none is, or where several objects are)."""
+    parts = name.split(".")
+    for i in range(len(parts)):
+        if ".".join(parts[i:]) in own:
+            return own[".".join(parts[i:])]
+    found = {id(v): v for key, v in own.items() if key.endswith("." + name)}
+    return next(iter(found.values())) if len(found) == 1 else None
 
 
 class Follow:
@@ -197,13 +201,30 @@ class Follow:
     def __init__(self, source: torch.nn.Module, prepared: torch.nn.Module) -> None:
         self.shared = share_weights(prepared, source)
         self.watch = Watch(source)
+        self._names = {id(module): name for name, module in source.named_modules()}
+        self._copies = dict(prepared.named_modules())
 
     def stale(self) -> str | None:
         """What changed in ``source`` that the copy does not follow, or None."""
         why = self.watch.changed()
         if why is None:
             return None
-        if self.watch.written_only(self.shared):
+        if self.watch.written_only(self.shared, self._held):
             self.watch.mark()
             return None
         return why
+
+    def _held(self, module: torch.nn.Module, name: str, value: Any) -> bool:
+        """Whether the copy's module for ``module`` (by name, or the one of
+        its type for the top) already has ``name = value``: a model that sets
+        an attribute on its first call (fairchem's ``device``) does not make
+        its copy stale."""
+        qualified = self._names.get(id(module))
+        if qualified is None:
+            return False
+        if qualified:
+            copy = _same_name(qualified, self._copies)
+        else:
+            tops = [m for m in self._copies.values() if isinstance(m, type(module))]
+            copy = tops[0] if len(tops) == 1 else None
+        return copy is not None and isinstance(copy, type(module)) and getattr(copy, name, _MISSING) == value

@@ -115,3 +115,42 @@ def test_torchscript_submodules_are_watched() -> None:
     with torch.no_grad():
         model.script.weight.mul_(2.0)
     assert follow.stale() is None  # shared: followed
+
+
+def test_sharing_keeps_tied_tensors_tied() -> None:
+    """A buffer two submodules hold (fairchem's SO3 grids) stays one tensor
+    in the copy: the store key counts tensors (before: untied by sharing, so
+    a background worker's model had another key than the run's)."""
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Module(), torch.nn.Module()
+            grid = torch.arange(6.0)
+            self.a.register_buffer("grid", grid)
+            self.b.register_buffer("grid", grid)
+            self.a.scale = torch.nn.Parameter(torch.ones(3), requires_grad=True)
+            self.b.scale = self.a.scale
+
+    model = Tied()
+    prepared = copy.deepcopy(model).requires_grad_(False)  # (another requires_grad: a view per tensor)
+    share_weights(prepared, model)
+    assert prepared.a.grid is prepared.b.grid and prepared.a.scale is prepared.b.scale
+    assert len(list(prepared.buffers())) == len(list(model.buffers())) == 1
+    assert prepared.a.grid.data_ptr() == model.a.grid.data_ptr() and not prepared.a.scale.requires_grad
+
+
+def test_an_attribute_the_model_sets_itself_to_what_the_copy_holds_is_followed() -> None:
+    """fairchem's model sets ``self.device`` on its first call; the copy
+    already holds that value: no re-prepare (before: every user's own call
+    of the model prepared the copy again, and a deepcopy of a model that
+    had run failed on its non-leaf tensors)."""
+    model = MPNN()
+    model.device = None
+    prepared = copy.deepcopy(model)
+    prepared.device = "cpu"
+    follow = Follow(model, prepared)
+    model.device = "cpu"  # as the model's own first call does
+    assert follow.stale() is None
+    model.device = "cuda"  # a value the copy does not hold
+    assert follow.stale() is not None
