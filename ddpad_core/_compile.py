@@ -16,7 +16,7 @@ import torch
 
 from ._noise import quiet_warnings
 from ._stats import Stats
-from ._store import CompileStore, StoreBinding, bind_store
+from ._store import CompileStore, StoreBinding, bind_store, own_artifacts
 from ._verify import CheckedGraph
 
 __all__ = ["compile_counted", "compile_model", "counting_backend", "run_step"]
@@ -101,14 +101,15 @@ class _CountingBackend:
             self.stats.load_seconds += time.perf_counter() - t0
             compiled_before, uncached_before = self.stats.graphs_compiled, self.stats.graphs_uncached
             loaded_before = self.stats.graphs_loaded
-            compiled = self._timed(gm, example_inputs)
-            if self.stats.graphs_uncached > uncached_before:  # torch keeps nothing of it: no entry, no hit or miss
-                return compiled
+            # the artifacts of this graph only (torch's list is the process's, every model's, so far)
+            with contextlib.nullcontext() if found else own_artifacts():
+                compiled = self._timed(gm, example_inputs)
+                if self.stats.graphs_uncached > uncached_before:  # torch keeps nothing of it: no entry
+                    return compiled
+                if not found:
+                    link.save(path)  # before the graph runs: waiting ranks go on
             if found and self.stats.graphs_compiled > compiled_before:
                 log.info("compile-store entry %s loaded, but torch's caches missed: compiled here", path.name)
-            if not found:
-                link.save(path)  # before the graph runs: waiting ranks go on
-                link.written.append(path)
         self.stats.store_hits += int(found)
         self.stats.store_misses += int(not found)
         self.stats.store_loads += int(found and self.stats.graphs_loaded > loaded_before)

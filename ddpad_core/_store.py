@@ -435,34 +435,63 @@ def _alive(pid: int) -> bool:
 
 @dataclasses.dataclass
 class StoreBinding:
-    """One model's place in a compile store: the store, the model's key in it,
-    and the entries this process wrote (``written``), saved again whenever
-    torch recorded more artifacts since (what compiles lazily: a backward,
-    run by the adapter's call or later by the caller)."""
+    """One model's place in a compile store: the store and the model's key
+    in it. Each graph's entry holds the artifacts of that graph's compile
+    only (:func:`own_artifacts`); what compiles lazily later (a backward, run
+    by the adapter's call or by the caller) is written by :meth:`flush` to a
+    file of its own beside them, ``late-<digest>.bin``, loaded with the
+    model's key (:meth:`load_late`). No entry is written twice."""
 
     store: CompileStore
     model_key: str
-    written: list[pathlib.Path] = dataclasses.field(default_factory=list)
 
     def entry(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> pathlib.Path:
         """The entry of one traced graph."""
         return self.store.entry(self.model_key, _graph_key(self.model_key, gm, example_inputs))
 
     def save(self, path: pathlib.Path) -> None:
-        """Write torch's cache artifacts so far as the entry ``path``."""
+        """Write the cache artifacts torch recorded in the current scope (a
+        graph's own: :func:`own_artifacts`) as the entry ``path``."""
         saved = torch.compiler.save_cache_artifacts()
         if saved is None:  # nothing cacheable (a backend without torch's caches)
             return
         self.store.write(path, saved[0])
 
     def flush(self) -> None:
-        """After each call, at close and at exit: re-save the written entries
-        if torch recorded more artifacts since."""
+        """After each call, at close and at exit: the artifacts torch recorded
+        outside a graph's own compile since the last flush (a backward
+        compiled lazily) go to one new ``late-<digest>.bin`` file, and torch's
+        list of them is emptied."""
         from torch.compiler._cache import CacheArtifactManager
 
-        if self.written and CacheArtifactManager.need_serialize():
-            for path in self.written:
-                self.save(path)
+        if not CacheArtifactManager.need_serialize():
+            return
+        late = {kind: list(artifacts) for kind, artifacts in CacheArtifactManager._new_cache_artifacts.items()}
+        CacheArtifactManager._new_cache_artifacts.clear()
+        with own_artifacts():
+            for kind, artifacts in late.items():
+                CacheArtifactManager._new_cache_artifacts[kind].extend(artifacts)
+            saved = torch.compiler.save_cache_artifacts()
+        if saved is not None:
+            name = f"late-{hashlib.sha256(saved[0]).hexdigest()[:24]}"
+            self.store.write(self.store.entry(self.model_key, name), saved[0])
+
+    def load_late(self) -> int:
+        """Hand torch the model's ``late-*`` files (lazily compiled parts of
+        its graphs); returns how many it took."""
+        return sum(self.store.load(path) for path in sorted((self.store.root / self.model_key).glob("late-*.bin")))
+
+
+@contextlib.contextmanager
+def own_artifacts() -> Iterator[None]:
+    """A fresh list of torch's cache artifacts within (torch's own scope,
+    ``CacheArtifactManager.with_fresh_cache``): what compiles inside is saved
+    apart from what the process compiled before, and leaves the process's
+    list as it was."""
+    from torch.compiler._cache import CacheArtifactManager
+
+    with CacheArtifactManager.with_fresh_cache():
+        yield
 
 
 def storable(backend: Any) -> bool:
@@ -486,7 +515,9 @@ def bind_store(model: torch.nn.Module, compile_cache: str | os.PathLike[str] | C
         return None
     store = compile_cache if isinstance(compile_cache, CompileStore) else CompileStore(compile_cache)
     environment = store_environment(adapter, dynamo_config or {}, compile_kwargs)
-    return StoreBinding(store, store.model_key(model, **environment))
+    binding = StoreBinding(store, store.model_key(model, **environment))
+    binding.load_late()
+    return binding
 
 
 def aot_binding(model: torch.nn.Module, compile_cache: str | os.PathLike[str] | CompileStore,

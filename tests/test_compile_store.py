@@ -575,3 +575,47 @@ def test_a_background_worker_grows_the_system_count_when_it_fills(tmp_path: path
     wrapped.manager.background.after_call(wrapped, None, (), {}, full)
     assert len(started) == 1 and started[0]["systems"] > caps["systems"]
     assert {k: v for k, v in started[0].items() if k != "systems"} == {k: v for k, v in caps.items() if k != "systems"}
+
+
+def test_each_entry_holds_its_own_graph_only(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four graphs of two models compiled by Inductor in one process, through
+    one store: four entries whose artifacts are disjoint, their total size
+    within 10 % of every artifact held once. Before, torch's cumulative list
+    went into each entry: entry N held graphs 1..N, both models' (about
+    2.5 times the size here), and every new compile rewrote them all."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch.compiler._cache import CacheArtifactManager
+
+    from ddpad._compile import _CountingBackend
+    from ddpad._stats import Stats
+    from ddpad._store import bind_store as store_link
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, power: int) -> None:
+            super().__init__()
+            self.power = power
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x.sin() * 2.0).pow(self.power).sum(-1)
+
+    with CacheArtifactManager.with_fresh_cache():  # (what other tests compiled stays out of it)
+        for model in (Scaled(2), Scaled(3)):
+            link = store_link(model, tmp_path / "store", None, {}, backend="inductor", dynamic=False)
+            compiled = torch.compile(model, backend=_CountingBackend(compile_fx, Stats(), link), dynamic=False)
+            for rows in (3, 5):  # two graphs a model: other shapes
+                compiled(torch.rand(rows, 4))
+        link.flush()
+    entries = sorted((tmp_path / "store").rglob("*.bin"))
+    assert len(entries) == 4, entries
+    store = ddpad.CompileStore(tmp_path / "store")
+    keys, distinct = [], {}
+    for path in entries:
+        artifacts = CacheArtifactManager.deserialize(store.read(path))
+        held = [a for kind in artifacts.values() for a in kind]
+        keys.append({a.key for a in held})
+        distinct.update({a.key: len(a.content) for a in held})
+    assert all(keys) and all(not (a & b) for i, a in enumerate(keys) for b in keys[i + 1:]), keys
+    total = sum(path.stat().st_size for path in entries)
+    assert total <= 1.1 * sum(distinct.values()), (total, sum(distinct.values()))
