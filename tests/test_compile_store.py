@@ -619,3 +619,33 @@ def test_each_entry_holds_its_own_graph_only(tmp_path: pathlib.Path, monkeypatch
     assert all(keys) and all(not (a & b) for i, a in enumerate(keys) for b in keys[i + 1:]), keys
     total = sum(path.stat().st_size for path in entries)
     assert total <= 1.1 * sum(distinct.values()), (total, sum(distinct.values()))
+
+
+def test_a_lazily_compiled_backward_goes_to_a_late_file_and_is_loaded(tmp_path: pathlib.Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backward Inductor compiles when the caller differentiates the
+    outputs, after the forward's entry was written: ``flush`` writes it to a
+    ``late-*.bin`` file of its own (the entry is not written again), and the
+    next binding of the model's key hands it to torch."""
+    from torch._inductor.compile_fx import compile_fx
+    from torch.compiler._cache import CacheArtifactManager
+
+    from ddpad._compile import _CountingBackend
+    from ddpad._stats import Stats
+    from ddpad._store import bind_store as store_link
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    with CacheArtifactManager.with_fresh_cache():
+        link = store_link(model, tmp_path / "store", None, {}, backend="inductor", dynamic=False)
+        compiled = torch.compile(model, backend=_CountingBackend(compile_fx, Stats(), link), dynamic=False)
+        x = torch.rand(5, 4, requires_grad=True)
+        out = compiled(x)
+        (entry,) = (tmp_path / "store").rglob("*.bin")
+        written = entry.stat().st_mtime_ns
+        out.sum().backward()  # the backward compiles now
+        link.flush()
+        link.flush()  # nothing new: nothing written
+    late = sorted((tmp_path / "store").rglob("late-*.bin"))
+    assert len(late) == 1 and entry.stat().st_mtime_ns == written
+    assert store_link(model, tmp_path / "store", None, {}, backend="inductor", dynamic=False).load_late() == 1
