@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ._fs import atomic_write, cache_dir
+from ._store_contents import parse_size, prune
 from ._version import __version__
 from ._weights import plain
 
@@ -167,15 +168,23 @@ class CompileStore:
     heartbeat
         Seconds between the lock holder's heartbeats (``stale_after`` should
         be several of them).
+    max_size
+        A bound on the store's size (bytes, or ``"5G"``): after each write,
+        the least recently used entries and packages are removed until it
+        holds (``ddpad cache prune --max-size`` does it by hand). None: no
+        bound.
     """
 
     root: pathlib.Path
     wait_timeout: float = 1800.0
     stale_after: float = 60.0
     heartbeat: float = 5.0
+    max_size: int | str | None = None
 
     def __post_init__(self) -> None:
         self.root = pathlib.Path(self.root).expanduser()
+        if isinstance(self.max_size, str):
+            self.max_size = parse_size(self.max_size)
         self.writable = True  # False after a write failed: one warning, then no more writes
         self.lockable = True  # False where the filesystem has no flock: one warning, then no locks
 
@@ -245,6 +254,8 @@ class CompileStore:
         except (ValueError, KeyError, TypeError) as exc:
             self.set_aside(path, "corrupt", str(exc))
             return None
+        with contextlib.suppress(OSError):  # its last use (pruning keeps the recently used)
+            os.utime(path)
         return payload
 
     def write(self, path: pathlib.Path, payload: bytes) -> bool:
@@ -260,6 +271,8 @@ class CompileStore:
         except OSError as exc:
             self._unwritable(f"writing {path.name}", exc)
             return False
+        if self.max_size is not None:
+            prune(self.root, max_size=int(self.max_size))
         return True
 
     def load(self, path: pathlib.Path) -> bool:

@@ -45,6 +45,7 @@ CORE_TESTS = [
     "tests/test_overhead.py",
     "tests/test_compile_store.py",
     "tests/test_store_faults.py",
+    "tests/test_store_contents.py",
     "tests/test_threads.py",
     "tests/test_layout.py",
     "tests/test_tight.py",

@@ -17,7 +17,7 @@ ADAPTERS = CORE.parent / "adapters"
 ORDER = [
     "_version", "_noise", "_fs", "_protocol", "_adapter", "_registry", "_agreement", "_capacity", "_context",
     "_padders", "_structures",
-    "_ladder", "_stats", "_caps_file", "_memory", "_shrink", "_weights", "_store", "_strict", "_verify", "_compile",
+    "_ladder", "_stats", "_caps_file", "_memory", "_shrink", "_weights", "_store_contents", "_store", "_strict", "_verify", "_compile",
     "_aot",
     "_warm", "_background", "_options", "_routes", "_manager", "_padded", "_wrap", "_evaluator", "_worker", "_prebuild",
     "ase", "torchsim", "testing", "engines", "_bench", "cli", "__main__",
