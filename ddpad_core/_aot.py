@@ -230,8 +230,9 @@ class Packages:
         if path is not None:
             earlier = self.store.refusal(path)  # type: ignore[union-attr]
             if earlier is not None:
-                raise Refused(f"a package of these caps was refused before ({earlier}); remove "
-                              f"{path.with_suffix('.refused.txt')} to build it again")
+                why, marker = earlier
+                raise Refused(f"a package of these caps was refused before ({why}); remove {marker} to try it "
+                              "again")
             if elsewhere is not None and (building or not path.exists()):
                 why = elsewhere(f"{self.key}/aot-{signature}")
                 if why is None:  # still building: this process runs torch.compile meanwhile
@@ -251,12 +252,14 @@ class Packages:
         self.watch.mark()  # (what the check's eager step wrote into the model is not the user's change)
 
     def discard(self, key: tuple[Any, ...], reason: str) -> str:
-        """A package that cannot be used: its entry moved aside (no process
-        uses, rebuilds or re-checks it); ``reason`` with where it went."""
+        """A package that cannot be used here (it raised, or disagreed at this
+        thread count): refused on this host and setting, its entry kept for
+        the others (its bytes are right: they passed the checksum); ``reason``
+        with where that is recorded."""
         package = self.loaded.pop(key, None)
         if package is not None and package.path is not None and self.store is not None:
-            self.store.set_aside(package.path, "refused", reason, quiet=True)
-            reason += f"; its store entry was moved aside to {package.path.with_suffix('.refused').name}"
+            marker = self.store.refuse_here(package.path, reason)
+            reason += f"; refused on this host and setting only ({marker.name}), the entry stays for others"
         return reason
 
     # -- packages -------------------------------------------------------------
@@ -291,13 +294,19 @@ class Packages:
         try:
             spec_size = int.from_bytes(payload[:8], "little")
             out_spec = pytree.treespec_loads(payload[8:8 + spec_size].decode())
+        except Exception as exc:  # noqa: BLE001 - bytes that are not a package: wrong for everyone
+            self.store.set_aside(path, "corrupt", f"{type(exc).__name__}: {first_line(exc)}")
+            return None
+        try:
             runner = _load_package(payload[8 + spec_size:], entry)
         except _Foreign as exc:
             self.store.set_aside(path, "foreign", str(exc))
             return None
-        except Exception as exc:  # noqa: BLE001 - a bad entry must never stop a run
-            self.store.set_aside(path, "corrupt", f"{type(exc).__name__}: {first_line(exc)}")
-            return None
+        except Exception as exc:  # noqa: BLE001 - a load that fails here (dlopen, a library) stays local
+            why = f"its package failed to load here ({type(exc).__name__}: {first_line(exc)})"
+            marker = self.store.refuse_here(path, why)
+            raise Refused(f"{why}; refused on this host and setting only ({marker.name}), the entry stays for "
+                          "others") from None
         self.stats.aot_loaded += 1
         self.stats.aot_load_seconds += time.perf_counter() - t0
         return _Package(runner, out_spec, path)

@@ -76,6 +76,13 @@ def default_store_dir() -> pathlib.Path:
     return cache_dir() / "compile"
 
 
+def process_setting() -> str:
+    """This host and the process settings an entry's use may depend on
+    (loading a package, a check's numerics): host, threads, CPU capability."""
+    return (f"host {socket.gethostname()}, {torch.get_num_threads()} thread(s), "
+            f"CPU {torch.backends.cpu.get_cpu_capability()}")
+
+
 def model_fingerprint(model: torch.nn.Module) -> dict[str, Any]:
     """The architecture of ``model`` without its weight values: every
     submodule's class and plain (scalar, string, short tuple) attributes -
@@ -311,12 +318,31 @@ class CompileStore:
             os.replace(path, path.with_suffix(f".{kind}"))
             path.with_suffix(f".{kind}.txt").write_text(reason + "\n")
 
-    def refusal(self, path: pathlib.Path) -> str | None:
-        """Why the entry ``path`` was refused (:meth:`set_aside`), or None."""
-        try:
-            return path.with_suffix(".refused.txt").read_text().strip() or "refused"
-        except OSError:
-            return None
+    def refusal(self, path: pathlib.Path) -> tuple[str, pathlib.Path] | None:
+        """Why the entry ``path`` was refused, for everyone (:meth:`set_aside`)
+        or here (:meth:`refuse_here`), and the file that says so; None where
+        it was not."""
+        for marker in (path.with_suffix(".refused.txt"), self._here(path)):
+            try:
+                return marker.read_text().strip() or "refused", marker
+            except OSError:
+                continue
+        return None
+
+    def refuse_here(self, path: pathlib.Path, reason: str) -> pathlib.Path:
+        """Record that the entry ``path`` failed on this host and process
+        setting (a load error, a disagreement at this thread count): refused
+        here from now on, while the entry stays for other hosts and settings
+        (its bytes are not wrong: :meth:`set_aside` is for those). Returns
+        the record's file."""
+        marker = self._here(path)
+        with contextlib.suppress(OSError):
+            marker.write_text(f"{reason} (on {process_setting()})\n")
+        return marker
+
+    @staticmethod
+    def _here(path: pathlib.Path) -> pathlib.Path:
+        return path.with_name(f"{path.stem}.refused-{_digest(process_setting())[:12]}.txt")
 
     @contextlib.contextmanager
     def lock(self, path: pathlib.Path) -> Iterator[bool]:

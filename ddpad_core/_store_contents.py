@@ -6,7 +6,8 @@ one ``<graph>.bin`` per compiled graph, ``late-*.bin`` for lazily compiled
 parts) or a model key and weights digest (``<key>-<digest>``, its
 ahead-of-time packages ``aot-*.bin``). An entry set aside is
 ``<entry>.<corrupt|foreign|refused>`` with its reason in ``.txt`` beside
-it. An entry's modification time is its last use: reading it touches it.
+it; an entry refused on one host and process setting only keeps its place,
+with ``<entry>.refused-<setting>.txt`` beside it. An entry's modification time is its last use: reading it touches it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 __all__ = ["Item", "KeyFolder", "clear", "describe", "listing", "parse_size", "prune"]
 
 _SET_ASIDE = ("corrupt", "foreign", "refused")
+_HERE = "refused on one host and setting"  # a local refusal: the entry stays for the others
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
@@ -72,6 +74,8 @@ def parse_size(text: str) -> int:
 
 
 def _kind(path: pathlib.Path) -> str | None:
+    if ".refused-" in path.name and path.suffix == ".txt":
+        return _HERE
     if path.suffix == ".bin":
         return "late" if path.name.startswith("late-") else "package" if path.name.startswith("aot-") else "entry"
     return path.suffix.lstrip(".") if path.suffix.lstrip(".") in _SET_ASIDE else None
@@ -99,9 +103,9 @@ def listing(root: str | pathlib.Path) -> list[KeyFolder]:
             with contextlib.suppress(OSError):
                 stat = path.stat()
                 reason = ""
-                if kind in _SET_ASIDE:
+                if kind in _SET_ASIDE or kind == _HERE:
                     with contextlib.suppress(OSError):
-                        reason = path.with_suffix(f".{kind}.txt").read_text().strip()
+                        reason = (path if kind == _HERE else path.with_suffix(f".{kind}.txt")).read_text().strip()
                 items.append(Item(path, stat.st_size, stat.st_mtime, kind, reason))
         if items:
             folders.append(KeyFolder(folder, _adapter(folder), items))
@@ -177,5 +181,5 @@ def describe(folder: KeyFolder) -> dict[str, Any]:
         "packages": folder.count("package"), "size": folder.size,
         "last_use": time.strftime("%Y-%m-%d %H:%M", time.localtime(folder.used)),
         "set_aside": [{"file": i.path.name, "kind": i.kind, "reason": i.reason}
-                      for i in folder.items if i.kind in _SET_ASIDE],
+                      for i in folder.items if i.kind in _SET_ASIDE or i.kind == _HERE],
     }

@@ -87,3 +87,13 @@ def test_a_store_with_a_size_bound_keeps_it_by_least_recent_use(tmp_path: pathli
     assert not first.exists() and second.exists() and store.entry("k", "c").exists()
     with pytest.raises(ValueError, match="is not a size"):
         CompileStore(tmp_path, max_size="lots")
+
+
+def test_a_local_refusal_is_listed_with_its_setting(tmp_path: pathlib.Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    paths = _store(tmp_path)
+    marker = CompileStore(tmp_path).refuse_here(paths["package"], "disagreed with the eager step")
+    assert main(["cache", "--compile-cache", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"  refused on one host and setting: {marker.name}: disagreed with the eager step" in out
+    assert paths["package"].exists()

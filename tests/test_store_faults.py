@@ -337,12 +337,17 @@ def test_a_package_of_other_caps_under_an_entrys_name_is_moved_aside_unrun(two_p
 
 
 @pytest.mark.parametrize("fault", ["raises", "disagrees"])
-def test_a_package_that_raises_or_disagrees_is_set_aside_and_never_rebuilt(
+def test_a_package_that_raises_or_disagrees_is_refused_here_only(
         two_packages: dict[str, object], tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture, fault: str) -> None:
-    """Before: a package the first-call check refused stayed in the store and
-    every process loaded and checked it again; one that raised stopped the call."""
+    """A package that raised or disagreed on its first call is refused on
+    this host and process setting (threads, CPU) only: a later run in the
+    same setting neither loads, re-checks nor rebuilds it; one at another
+    thread count loads, checks and uses it. Before, it was moved aside for
+    every host and setting (a thread-count-dependent disagreement poisoned
+    a shared store); before that, it stayed and every process re-checked it."""
     from ddpad import _aot
+    from ddpad._store import process_setting
 
     store, own, _ = _copy_store(two_packages, tmp_path / "store")
     model = _model()
@@ -365,15 +370,27 @@ def test_a_package_that_raises_or_disagrees_is_set_aside_and_never_rebuilt(
             out = first(data)
     torch.testing.assert_close(out["energy"], ref["energy"].detach(), rtol=0, atol=1e-10)
     assert first.stats.aot_loaded == 1 and first.stats.aot_refused == 1
-    assert own.with_suffix(".refused").exists() and not own.exists()
-    assert ("raised" if fault == "raises" else "disagrees") in own.with_suffix(".refused.txt").read_text()
+    (marker,) = own.parent.glob(f"{own.stem}.refused-*.txt")
+    assert own.exists() and not own.with_suffix(".refused").exists()  # the entry stays for others
+    assert ("raised" if fault == "raises" else "disagrees") in marker.read_text()
+    assert process_setting() in marker.read_text()
     caplog.clear()
-    second = ddpad.wrap(model, toy.ADAPTER, **options)  # another run: nothing loaded, re-checked or rebuilt
+    second = ddpad.wrap(model, toy.ADAPTER, **options)  # this setting again: nothing loaded, re-checked or rebuilt
     with caplog.at_level(logging.WARNING, logger="ddpad"):
         out = second(data)
     torch.testing.assert_close(out["forces"], ref["forces"].detach(), rtol=0, atol=1e-10)
     s = second.stats
     assert (s.aot_loaded, s.aot_compiled, s.aot_refused) == (0, 0, 1) and "refused before" in caplog.text
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)  # another setting: the entry is loaded, checked and used
+    try:
+        third = ddpad.wrap(model, toy.ADAPTER, **options)
+        out = third(data)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(out["energy"], ref["energy"].detach(), rtol=0, atol=1e-10)
+    s = third.stats
+    assert (s.aot_loaded, s.aot_compiled, s.aot_refused, s.aot_checked) == (1, 0, 0, 1)
 
 
 def test_a_filesystem_without_flock_is_one_warning_and_compiles(

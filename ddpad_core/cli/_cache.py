@@ -54,7 +54,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"{row['key'][:34]:<34} {row['adapter'] or '-':<10} {row['entries']:>7} {row['packages']:>8} "
               f"{_size(row['size']):>9}  {row['last_use']}")
         for aside in row["set_aside"]:
-            print(f"  set aside ({aside['kind']}): {aside['file']}: {aside['reason'] or 'no reason recorded'}")
+            label = aside["kind"] if aside["kind"].startswith("refused on") else f"set aside ({aside['kind']})"
+            print(f"  {label}: {aside['file']}: {aside['reason'] or 'no reason recorded'}")
     print(f"{len(rows)} key(s), {_size(sum(r['size'] for r in rows))} in {root}")
     return 0
 
