@@ -50,7 +50,8 @@ _MAGIC = 0x64647061  # "ddpa": a vector that lacks it was paired with another co
 _HEADER = 7
 _RANK_BITS = 24
 EXCHANGE_SLOTS = 64
-MAX_KEYS = (EXCHANGE_SLOTS - _HEADER) // 2
+MAX_KEYS = (EXCHANGE_SLOTS - _HEADER) // 3  # a need, a cap and a ceiling each
+NO_CEILING = 1 << 62  # a key without a ceiling, in the exchange
 
 
 def key_fingerprint(keys: list[str]) -> int:
@@ -89,8 +90,11 @@ class Agreement:
     rank: int = 0
     failed_code: int = 0  # where ``failed`` happened: 2 * step + 1 (before its exchange) or + 2 (after)
 
-    def exchange(self, keys: list[str], needs: list[int], caps: list[int]) -> tuple[list[int], list[int]]:
-        """One checked exchange: ``(needs, caps)`` MAX-reduced over the group.
+    def exchange(self, keys: list[str], needs: list[int], caps: list[int],
+                 ceilings: list[int | None] | None = None) -> tuple[list[int], list[int], list[int | None]]:
+        """One checked exchange: ``(needs, caps)`` MAX-reduced over the group,
+        and ``ceilings`` (None: none) MIN-reduced, so that every rank
+        resolves the same caps under the smallest ceiling of any rank.
 
         Raises
         ------
@@ -112,7 +116,8 @@ class Agreement:
         failed, self.failed = self.failed, None
         where, self.failed_code = (self.failed_code or 2 * step + 1) if failed else 0, 0
         failure = (where << _RANK_BITS) | (self.rank + 1) if failed else 0
-        vec = [_MAGIC, -_MAGIC, fp, -fp, step, -step, failure, *needs, *caps]
+        lows = [-(NO_CEILING if c is None else c) for c in (ceilings or [None] * len(keys))]
+        vec = [_MAGIC, -_MAGIC, fp, -fp, step, -step, failure, *needs, *caps, *lows]
         vec += [0] * (EXCHANGE_SLOTS - len(vec))
         out = self._all_reduce_max(vec, step)
         k = len(keys)
@@ -143,7 +148,8 @@ class Agreement:
                 f"ddpad: ranks are at different cap-exchange steps (this rank {step}, others "
                 f"{-out[5]}..{out[4]}): a rank skipped or repeated a step"
             )
-        return out[_HEADER : _HEADER + k], out[_HEADER + k : _HEADER + 2 * k]
+        agreed = [None if -c >= NO_CEILING else -c for c in out[_HEADER + 2 * k : _HEADER + 3 * k]]
+        return out[_HEADER : _HEADER + k], out[_HEADER + k : _HEADER + 2 * k], agreed
 
     def failed_after(self, reason: str) -> None:
         """Record a local failure after this step's exchange (in the model):

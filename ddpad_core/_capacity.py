@@ -500,15 +500,17 @@ def _resolve(
     policies = [requests[k][1] for k in keys]
     needs = [r + p.extra for r, p in zip(reals, policies)]
     current = dict(state)
+    limits = own = [_ceiling(key, policy, ceilings) for key, policy in zip(keys, policies)]
     if agreement is not None and keys:
-        needs, agreed = agreement.exchange(keys, needs, [state.get(k, 0) for k in keys])
+        # the smallest ceiling of any rank holds on every rank: all resolve the same caps
+        needs, agreed, limits = agreement.exchange(keys, needs, [state.get(k, 0) for k in keys], limits)
         for key, cap in zip(keys, agreed):
             if cap > current.get(key, 0):  # a peer's cap (loaded or grown) is larger
                 current[key] = cap
     rows: list[Row] = []
     fitting = sizer is not None and sizer.settling(
         [(key, need, current.get(key), policy) for key, need, policy in zip(keys, needs, policies)])
-    for key, real, need, policy in zip(keys, reals, needs, policies):
+    for key, real, need, policy, ceiling, mine in zip(keys, reals, needs, policies, limits, own):
         old = current.get(key)
         if fitting:
             assert sizer is not None
@@ -519,14 +521,15 @@ def _resolve(
             cap = policy.grow(need) if sizer is None or not sizer.settled else sizer.grown(key, policy, need)
         else:
             cap = old
-        ceiling = _ceiling(key, policy, ceilings)
         if ceiling is not None and cap > ceiling:
             if not policy.fits(need, ceiling):
                 raise CapacityError(
                     f"ddpad: {key!r} needs {need} rows (real {real}"
                     + (f" + {policy.extra} reserved" if policy.extra else "")
-                    + f") but its ceiling is {ceiling}; raise the ceiling (max_caps / memory_budget) "
-                    "or split the system"
+                    + f") but its ceiling is {ceiling}"
+                    + (f" (another rank's: the smallest holds on every rank; this rank's is {mine})"
+                       if mine != ceiling else "")
+                    + "; raise the ceiling (max_caps / memory_budget) or split the system"
                 )
             cap = max(ceiling, old or 0)
         rows.append(Row(key, real, need, state.get(key), cap, policy))

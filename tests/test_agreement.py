@@ -251,3 +251,38 @@ def test_a_dead_peer_is_not_reported_as_a_timeout(tmp_path: pathlib.Path) -> Non
     message, seconds = json.loads((tmp_path / "rank0.json").read_text())["dead"]
     assert message.startswith("AgreementError: ddpad: the cap exchange at step 0 failed after"), message
     assert "timed out" not in message and seconds < 30
+
+
+def ceilings_worker(rank: int, world: int) -> dict[str, Any]:
+    """Rank 0's edges ceiling is 600, rank 1's 5000; rank 1 alone needs more
+    edges each step. Every rank resolves the same caps, under 600, and
+    raises CapacityError on the same step once the agreed need passes it."""
+    import ddpad
+
+    gen = torch.Generator().manual_seed(rank)
+    padder = ddpad.COOPadder(2.0, atom_outputs=("forces",))
+    model = ddpad.PaddedModel(Summed(), padder, backend="eager", max_caps={"edges": 600 if rank == 0 else 5000})
+    caps: list[dict[str, int]] = []
+    failed = None
+    with ddpad.cap_agreement_group(None, "cpu", timeout=60):
+        for step in range(12):
+            n, e = (40, 200) if rank == 0 else (40, 300 + 40 * step)
+            try:
+                model(graph(n, e, 1, gen))
+            except ddpad.CapacityError as exc:
+                failed = [step, str(exc)]
+                break
+            caps.append(dict(model.cap_state))
+    return {"caps": caps, "failed": failed}
+
+
+def test_ranks_resolve_the_same_caps_under_the_smallest_ceiling(tmp_path: pathlib.Path) -> None:
+    """Before: each rank applied its own ceiling after the exchange, so rank
+    1 grew its edges past 600 while rank 0 raised CapacityError alone, and
+    rank 1 then waited in the next exchange."""
+    results = run_ranks(ceilings_worker, 2, tmp_path, timeout=180)
+    assert results[0]["caps"] == results[1]["caps"] and results[0]["caps"]
+    assert all(c["edges"] <= 600 for c in results[0]["caps"])
+    assert results[0]["failed"] is not None and results[0]["failed"][0] == results[1]["failed"][0]
+    assert "its ceiling is 600 (another rank's" in results[1]["failed"][1]
+    assert "its ceiling is 600; raise" in results[0]["failed"][1]
