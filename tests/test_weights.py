@@ -4,6 +4,7 @@ user's weights and follows every other change to the user's model."""
 from __future__ import annotations
 
 import copy
+import pathlib
 import warnings
 
 import pytest
@@ -154,3 +155,21 @@ def test_an_attribute_the_model_sets_itself_to_what_the_copy_holds_is_followed()
     assert follow.stale() is None
     model.device = "cuda"  # a value the copy does not hold
     assert follow.stale() is not None
+
+
+def test_a_package_follows_the_users_weights(tmp_path: pathlib.Path) -> None:
+    """The package route: a package holds the weights it was built with; a
+    write to the user's weights in place reaches the copy's shared tensors,
+    so the route notices it and runs the package of the model as it now
+    is."""
+    model = MPNN()
+    wrapped = ddpad.wrap(model, _adapter(copy.deepcopy), compile_mode="aot", compile_cache=tmp_path,
+                         aot_build="foreground", cap_policy="headroom")
+    data = trajectory(1, 1, seed=7)[0]
+    torch.testing.assert_close(_energy(wrapped(data)), _eager(model, data), atol=1e-10, rtol=0)
+    with torch.no_grad():
+        model.readout.weight.mul_(1.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(_energy(wrapped(data)), _eager(model, data), atol=1e-10, rtol=0)
+    assert wrapped.stats.aot_compiled + wrapped.stats.aot_loaded == 2
