@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -12,7 +13,10 @@ from ._shrink import ShrinkPolicy
 from ._store import CompileStore
 from ._strict import OnRecompile
 
-__all__ = ["WrapOptions", "check_cap_policy", "tight_sizing"]
+__all__ = ["COMPILE_SHORTHANDS", "WrapOptions", "check_cap_policy", "tight_sizing"]
+
+# torch.compile's arguments wrap also takes by name; any other goes in compile_kwargs={...}
+COMPILE_SHORTHANDS = ("backend", "mode", "fullgraph", "dynamic", "options")
 
 
 
@@ -36,9 +40,10 @@ def tight_sizing(policy: Any, cheap: bool) -> TightPolicy | None:
 @dataclasses.dataclass(frozen=True)
 class WrapOptions:
     """Every option of a wrapped model, validated once (see :func:`wrap` for
-    what each means). Keywords that are not options are ``torch.compile``
-    arguments (``backend``, ``mode``, ``fullgraph``, ``options``,
-    ``dynamic``): :attr:`compile_kwargs`."""
+    what each means). :attr:`compile_kwargs` goes to ``torch.compile``:
+    ``compile_kwargs={...}`` and the arguments ``wrap`` also takes by name
+    (:data:`COMPILE_SHORTHANDS`: ``backend``, ``mode``, ``fullgraph``,
+    ``dynamic``, ``options``); any other keyword is a ``TypeError``."""
 
     compile: bool = True
     caps: Mapping[str, int] | str | os.PathLike[str] | None = None
@@ -59,10 +64,28 @@ class WrapOptions:
 
     @classmethod
     def split(cls, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``wrap``'s keywords as (options, ``torch.compile`` keywords)."""
+        """``wrap``'s keywords as (options, ``torch.compile`` keywords).
+
+        Raises
+        ------
+        TypeError
+            A keyword that is neither an option nor one of
+            :data:`COMPILE_SHORTHANDS` (naming the closest), or a
+            ``compile_kwargs`` that is not a mapping.
+        """
         names = {f.name for f in dataclasses.fields(cls)} - {"compile_kwargs"}
+        for key in kwargs:
+            if key not in names and key not in COMPILE_SHORTHANDS and key != "compile_kwargs":
+                known = sorted(names | set(COMPILE_SHORTHANDS) | {"compile_kwargs"})
+                close = difflib.get_close_matches(key, known, n=1)
+                raise TypeError(f"ddpad.wrap() got an unexpected keyword {key!r}"
+                                + (f": did you mean {close[0]!r}?" if close else "")
+                                + " (other torch.compile arguments go in compile_kwargs={...})")
+        given = kwargs.get("compile_kwargs") or {}
+        if not isinstance(given, Mapping):
+            raise TypeError(f"compile_kwargs must be a mapping of torch.compile's arguments, got {given!r}")
         return ({k: v for k, v in kwargs.items() if k in names},
-                {k: v for k, v in kwargs.items() if k not in names})
+                {**given, **{k: v for k, v in kwargs.items() if k in COMPILE_SHORTHANDS}})
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> WrapOptions:

@@ -70,7 +70,7 @@ def main(spec_path: str, parent: int) -> int:
     # (unchecked here: the run checks what it loads on its first use, as it checks all it compiles)
     options = {"on_recompile": "ignore", "verify": False, **spec.get("options", {})}
     model = padded_model(_prepared(spec, adapter), adapter, caps=spec["caps"], compile_cache=spec["store"],
-                         **options, **spec["compile_kwargs"])
+                         **options, compile_kwargs=spec["compile_kwargs"])
     expected = spec.get("expect")
     key = model.manager.store_key
     if expected is not None and key != expected:

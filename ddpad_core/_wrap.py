@@ -121,8 +121,12 @@ def wrap(model: torch.nn.Module, adapter: Adapter | str, *, padder: GraphPadder 
         and those caps fall back one route (package -> ``torch.compile`` ->
         eager), with one warning. One eager step per compiled graph; nothing
         on a steady call. ``False`` returns whatever the compiler made.
-    **compile_kwargs
-        Other keywords go to ``torch.compile``.
+    compile_kwargs
+        What else goes to ``torch.compile`` (``{"disable": ...}``); its
+        ``backend``, ``mode``, ``fullgraph``, ``dynamic`` and ``options`` are
+        also taken by name. Any other keyword is a ``TypeError`` here,
+        naming the closest option (a typo fails at ``wrap``, not inside
+        Dynamo, and never enters the store's key).
     """
     adapter = resolve_adapter(adapter)
     source = None

@@ -205,6 +205,21 @@ def test_wrap_rejects_bad_arguments() -> None:
         padded_model(MPNN(), compile=False, backend="eager")
 
 
+def test_an_unknown_wrap_keyword_is_a_type_error_naming_the_closest() -> None:
+    """Before: a typo went to torch.compile, failed late inside Dynamo (or,
+    with compile=False, not at all) and entered the store's key."""
+    with pytest.raises(TypeError, match=r"unexpected keyword 'cap_polcy': did you mean 'cap_policy'\?"):
+        padded_model(MPNN(), compile=False, cap_polcy="tight")
+    with pytest.raises(TypeError, match=r"'fulgraph': did you mean 'fullgraph'"):
+        padded_model(MPNN(), backend="eager", fulgraph=True)
+    with pytest.raises(TypeError, match="compile_kwargs must be a mapping"):
+        padded_model(MPNN(), backend="eager", compile_kwargs="dynamic=False")
+    wrapped = padded_model(MPNN(), backend="eager", compile_kwargs={"dynamic": False, "fullgraph": False})
+    assert dict(wrapped.options.compile_kwargs) == {"backend": "eager", "dynamic": False, "fullgraph": False}
+    data = trajectory(1, 1, seed=4)[0]
+    assert_same(wrapped(data), MPNN()({k: v.clone() for k, v in data.items()}))
+
+
 @pytest.mark.slow
 @pytest.mark.inductor
 def test_inductor_short_run_one_graph_per_frame() -> None:
