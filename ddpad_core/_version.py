@@ -10,5 +10,6 @@ TORCH_PIN = "torch==2.13.0"
 
 def install_command(extras: str) -> str:
     """The one install line ddpad's hints print: ``pip install torch==2.13.0
-    'ddpad[EXTRAS]'``."""
-    return f"pip install {TORCH_PIN} 'ddpad[{extras}]'"
+    -e '.[EXTRAS]'``, run in a clone of ddpad's repository (ddpad is not on
+    the package index; the README installs it so)."""
+    return f"pip install {TORCH_PIN} -e '.[{extras}]'"

@@ -35,7 +35,7 @@ def test_list_shows_missing_packages_with_hints() -> None:
     assert rows["broken"]["status"] == "broken" and "broken on purpose" in rows["broken"]["error"]
     for name in ("mace", "uma", "aimnet2"):
         assert rows[name]["kind"] == "built-in"
-        assert rows[name]["install"] == f"pip install torch==2.13.0 'ddpad[{name}]'"
+        assert rows[name]["install"] == f"pip install torch==2.13.0 -e '.[{name}]'"
     text = ddpad("list").stdout
     assert text.splitlines()[0].split() == ["adapter", "kind", "status", "version", "install"]
 

@@ -49,7 +49,7 @@ def test_builtin_missing_package_names_the_extra(name: str) -> None:
         adapters.get(name)
     except AdapterUnavailable as exc:
         message = str(exc)
-        assert (f"pip install torch==2.13.0 'ddpad[{name}]'" in message) or "not implemented" in message
+        assert (f"pip install torch==2.13.0 -e '.[{name}]'" in message) or "not implemented" in message
     # installed (in that adapter's own environment): get() works and is cached
     else:
         assert adapters.get(name) is adapters.get(name)
@@ -112,9 +112,9 @@ def test_clashing_plugin_loses_to_builtin() -> None:
         try:
             got = adapters.get("mace")
         except AdapterUnavailable as exc:  # the built-in (or its install hint), never the plugin
-            assert "ddpad[mace]" in str(exc) or "not implemented" in str(exc)
+            assert "-e '.[mace]'" in str(exc) or "not implemented" in str(exc)
         else:
-            assert got.install_hint == "pip install torch==2.13.0 'ddpad[mace]'"
+            assert got.install_hint == "pip install torch==2.13.0 -e '.[mace]'"
 
 
 @needs_plugin
@@ -196,7 +196,7 @@ def test_model_package_that_fails_to_import_is_broken_not_installed(tmp_path: pa
     (row,) = [r for r in json.loads(res.stdout[res.stdout.index("["):]) if r["name"] == "mattersim"]
     assert row["status"] == "broken"
     assert "RuntimeError: operator fakevision::nms does not exist" in row["error"]
-    assert "fakevision 0.1" in row["error"] and "pip install torch==2.13.0 'ddpad[mattersim]'" in row["error"]
+    assert "fakevision 0.1" in row["error"] and "pip install torch==2.13.0 -e '.[mattersim]'" in row["error"]
     code = (
         "import ddpad.adapters as a\n"
         "try:\n    a.get('mattersim')\n"
@@ -204,7 +204,7 @@ def test_model_package_that_fails_to_import_is_broken_not_installed(tmp_path: pa
     )
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.strip() == "broken pip install torch==2.13.0 'ddpad[mattersim]'"
+    assert out.stdout.strip() == "broken pip install torch==2.13.0 -e '.[mattersim]'"
 
 
 def test_run_on_a_broken_model_package_is_one_error_line(tmp_path: pathlib.Path) -> None:
@@ -215,7 +215,7 @@ def test_run_on_a_broken_model_package_is_one_error_line(tmp_path: pathlib.Path)
     assert res.returncode == 2, res.stderr
     lines = [line for line in res.stderr.splitlines() if line.strip() and not line.startswith("ddpad: warning:")]
     assert len(lines) == 1 and lines[0].startswith("ddpad: error: ddpad adapter 'mattersim' is broken"), lines
-    assert "operator fakevision::nms does not exist" in lines[0] and "pip install torch==2.13.0 'ddpad[mattersim]'" in lines[0]
+    assert "operator fakevision::nms does not exist" in lines[0] and "pip install torch==2.13.0 -e '.[mattersim]'" in lines[0]
     assert "Traceback" not in res.stderr + res.stdout
 
 
@@ -232,10 +232,10 @@ def test_every_install_hint_names_the_torch_pin() -> None:
     from ddpad._version import TORCH_PIN, install_command
     from ddpad.engines import lammps, nvalchemi
 
-    assert install_command("mace") == f"pip install {TORCH_PIN} 'ddpad[mace]'"
+    assert install_command("mace") == f"pip install {TORCH_PIN} -e '.[mace]'"
     hints = [adapters.status(name)["install_hint"] for name in BUILTINS]
     for hint in [*hints, nvalchemi.INSTALL_HINT, lammps.INSTALL_HINT]:
-        assert hint.startswith(f"pip install {TORCH_PIN} 'ddpad["), hint
+        assert hint.startswith(f"pip install {TORCH_PIN} -e '.["), hint
     root = pathlib.Path(__file__).resolve().parents[1]
     for path in [*(root / "ddpad_core").rglob("*.py"), *(root / "adapters").rglob("*.py")]:
         written = re.findall(r"pip install[^\n\"]*ddpad\[", path.read_text(encoding="utf-8"))
@@ -255,7 +255,7 @@ def test_builtins_are_entry_points_of_ddpad_itself(name: str) -> None:
     assert [ep.value for ep in eps if ep.dist is not None and ep.dist.name == "ddpad"] == [
         f"ddpad.adapters.{name}:ADAPTER"]
     info = adapters.status(name)
-    assert info["kind"] == "built-in" and info["install_hint"] == f"pip install torch==2.13.0 'ddpad[{name}]'"
+    assert info["kind"] == "built-in" and info["install_hint"] == f"pip install torch==2.13.0 -e '.[{name}]'"
     first = {"sevennet": "sevenn", "orb": "orb_models", "uma": "fairchem.core", "aimnet2": "aimnet"}.get(name, name)
     assert info["requires"] and info["requires"][0] == first, info
 
