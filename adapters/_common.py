@@ -11,7 +11,7 @@ from torch import Tensor
 
 from . import Adapter
 
-__all__ = ["builtin_adapter", "detach", "diamond_carbon", "voigt_to_full"]
+__all__ = ["builtin_adapter", "detach", "diamond_carbon", "unknown_elements", "voigt_to_full"]
 
 # [3, 3] positions of ASE's Voigt order (xx, yy, zz, yz, xz, xy)
 _VOIGT_INDEX = ((0, 5, 4), (5, 1, 3), (4, 3, 2))
@@ -49,3 +49,20 @@ def diamond_carbon() -> Any:
     atoms = bulk("C", "diamond", a=3.57, cubic=True) * (2, 2, 2)
     atoms.rattle(0.05, seed=0)
     return atoms
+
+
+def unknown_elements(unknown: Iterable[int], known: Iterable[int]) -> ValueError:
+    """The error for a structure holding elements the model does not know:
+    those elements by symbol, and the model's by symbol when few (else
+    their count and range), not 89 bare atomic numbers."""
+    from ase.data import chemical_symbols
+
+    def symbol(z: int) -> str:
+        return chemical_symbols[z] if 0 < z < len(chemical_symbols) else f"Z={z}"
+
+    missing, held = sorted(set(unknown)), sorted(set(known))
+    held_text = (", ".join(map(symbol, held)) if len(held) <= 20
+                 else f"{len(held)} elements, {symbol(held[0])} to {symbol(held[-1])}")
+    return ValueError(f"the model does not know {', '.join(map(symbol, missing))} "
+                      f"(atomic number{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}); "
+                      f"it knows {held_text}")

@@ -309,7 +309,7 @@ def test_elements_the_model_does_not_know_are_one_line(tmp_path: pathlib.Path) -
     res = ddpad("run", "mace", "--model", "hco.model", "--system", "si.xyz", "--no-compile", cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     lines = errors(res)
-    expected = "the system does not fit the model: atomic numbers [14] are not in the model's table [1, 6, 8]"
+    expected = "the system does not fit the model: the model does not know Si (atomic number 14); it knows H, C, O"
     assert lines == [f"ddpad: error: {expected}"], res.stderr
 
 

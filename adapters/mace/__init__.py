@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from ddpad import Composition, COOPadder, Fill, NeighborList, Structures
 from ddpad.adapters import EngineHooks, ToolHooks
-from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon
+from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon, unknown_elements
 from torch import Tensor
 
 __all__ = [
@@ -169,7 +169,7 @@ def build_input(
     z_table = utils.AtomicNumberTable([int(z) for z in model.atomic_numbers])
     unknown = sorted({int(z) for a in structures for z in a.numbers} - set(z_table.zs))
     if unknown:
-        raise ValueError(f"atomic numbers {unknown} are not in the model's table {z_table.zs}")
+        raise unknown_elements(unknown, z_table.zs)
     heads = list(getattr(model, "heads", None) or ["Default"])
     dtype_name = "float64" if param.dtype == torch.float64 else "float32"
     with torch_tools.default_dtype(dtype_name):

@@ -60,7 +60,7 @@ from typing import Any
 import torch
 from ddpad import Composition, COOPadder, Fill, NeighborList, Structures
 from ddpad.adapters import EngineHooks, ToolHooks
-from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon, voigt_to_full
+from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon, unknown_elements, voigt_to_full
 from torch import Tensor
 
 __all__ = [
@@ -318,7 +318,7 @@ def build_input(
     known = _type_map(model)
     unknown = sorted({int(z) for a in structures for z in a.numbers} - set(known))
     if unknown:
-        raise ValueError(f"atomic numbers {unknown} are not in the model's type_map {sorted(known)}")
+        raise unknown_elements(unknown, known)
     cutoff = _cutoff(model)
     graphs = [AtomGraphData.from_numpy_dict(unlabeled_atoms_to_graph(a, cutoff)) for a in structures]
     batch = Collater([], follow_batch=None, exclude_keys=None)(graphs)
