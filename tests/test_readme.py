@@ -39,3 +39,12 @@ def test_readme_python_blocks_run(tmp_path: pathlib.Path) -> None:
     assert (tmp_path / "caps.json").exists()
     lines = res.stdout.splitlines()
     assert len(lines) >= 2 and lines[-1].endswith(" 1")  # the calculator's model: one compiled graph
+
+
+def test_the_docs_home_page_starts_with_the_readmes_first_command() -> None:
+    """The docs' home page had no install line or first command."""
+    import re
+
+    first = re.search(r"```bash\n(?:#.*\n)*(python3\.11 -m pip install[^\n]+)", README.read_text()).group(1)
+    home = (README.parent / "docs" / "pages" / "index.md").read_text()
+    assert first in home, first
