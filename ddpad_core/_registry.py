@@ -290,6 +290,34 @@ def resolve_adapter(adapter: Adapter | str) -> Adapter:
     return get(adapter) if isinstance(adapter, str) else adapter
 
 
+def unmet_requirements(requires: Any) -> list[str]:
+    """What the distribution of the model package (the first import name of
+    ``requires``) requires and this environment does not satisfy, one line
+    each (``"mace-torch needs e3nn==0.4.4, 0.6.0 is installed"``): a package
+    that imports may still break at run time. Empty where it cannot tell."""
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:  # (pip's own copy is not ours to import)
+        return []
+    owners = importlib.metadata.packages_distributions()
+    unmet = []
+    for dist in owners.get(str(next(iter(requires), "")).split(".")[0], [])[:1]:
+        for text in importlib.metadata.requires(dist) or []:
+            try:
+                req = Requirement(text)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            try:
+                have = importlib.metadata.version(req.name)
+            except importlib.metadata.PackageNotFoundError:
+                continue  # (an optional dependency pip did not install: import errors say so)
+            if req.specifier and not req.specifier.contains(have, prereleases=True):
+                unmet.append(f"{dist} needs {req.name}{req.specifier}, {have} is installed")
+    return unmet
+
+
 def status(name: str) -> dict[str, Any]:
     """What ``ddpad list`` shows for one adapter, without raising: kind
     (built-in / registered / plugin), ``state`` (``"installed"``: it loads
@@ -304,6 +332,10 @@ def status(name: str) -> dict[str, Any]:
         adapter = get(name)
         info["install_hint"] = adapter.install_hint
         info["requires"] = list(adapter.requires)
+        unmet = unmet_requirements(adapter.requires)
+        if unmet:  # it imports, but another install moved a package it pins (mace's e3nn)
+            info.update(ok=False, state="broken", error="; ".join(unmet) + ": reinstall its extra in an "
+                        "environment of its own (model packages conflict: one environment per adapter)")
     except (AdapterUnavailable, AdapterNotFound) as exc:
         info.update(ok=False, error=str(exc), state=getattr(exc, "reason", "unavailable"))
         hint = getattr(exc, "install_hint", None)

@@ -332,3 +332,28 @@ def test_the_record_splits_into_runtime_engine_and_tool_parts() -> None:
     with pytest.raises(TypeError, match="needs engine=EngineHooks"):
         Adapter(name="bare", make_padder=new.make_padder, energy_key="energy", cutoff=new.cutoff)
     assert dataclasses.replace(new, name="again").engine is new.engine  # replace() builds the record again
+
+
+def test_a_package_whose_pinned_dependency_another_extra_moved_is_broken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mace after ``.[sevennet]`` moved e3nn from 0.4.4 to 0.6: mace imports,
+    so ``ddpad list`` said ``installed``; it now says ``broken`` and why."""
+    import dataclasses
+    import importlib.metadata
+
+    adapters.register(dataclasses.replace(_toy_adapter("pinned"), requires=("json",)), replace_existing=True)
+    versions = {"e3nn": "0.6.0", "numpy": "2.0.0"}
+
+    def version(name: str) -> str:
+        if name not in versions:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: {"json": ["fake-model"]})
+    monkeypatch.setattr(importlib.metadata, "requires", lambda dist: [
+        "e3nn==0.4.4", "numpy>=1.20", "pytest>=99 ; extra == 'dev'", "absent-optional>=1"])
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    info = adapters.status("pinned")
+    assert info["state"] == "broken" and not info["ok"]
+    assert info["error"].startswith("fake-model needs e3nn==0.4.4, 0.6.0 is installed: reinstall its extra")
+    versions["e3nn"] = "0.4.4"
+    assert adapters.status("pinned")["state"] == "installed"
