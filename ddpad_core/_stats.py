@@ -332,8 +332,8 @@ class Stats:
         """``growth calls: N (atoms 40 -> 56 (2 growths), ...)``: the calls on
         which caps grew (each one compile, however many caps grew on it), then
         each grown cap's first and last size and how many times it grew."""
-        if not self.growths:
-            return "growth calls: 0"
+        if not self.growths:  # (the caps may still have changed: fitted to the needs, said so)
+            return "growth calls: 0" + (f" (caps fitted on step {self.fits[0].call}, not grown)" if self.fits else "")
         grown: dict[str, list[CapEvent]] = {}
         for event in self.growths:
             grown.setdefault(event.key, []).append(event)

@@ -538,6 +538,9 @@ def test_growths_are_counted_in_calls_with_the_caps_that_grew() -> None:
                            CapEvent(9, "edges", 704, 912, 800, 800)])
     assert stats.growth_line() == "growth calls: 2 (atoms 32 -> 48, edges 512 -> 912 (2 growths))"
     assert Stats().growth_line() == "growth calls: 0"
+    # caps that changed by a fit, not a growth, are said (before: "growth calls: 0" alone)
+    fitted = Stats(fits=[CapEvent(9, "atoms", 80, 65, 64, 64)])
+    assert fitted.growth_line() == "growth calls: 0 (caps fitted on step 9, not grown)"
 
 
 def test_main_restores_warning_filters_format_and_logging(capsys: pytest.CaptureFixture[str]) -> None:
