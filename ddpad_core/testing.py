@@ -639,11 +639,11 @@ class AdapterTests:
         compiles its own graphs)."""
         return [s for s in trajectory if not isinstance(s, (list, tuple))][:3]
 
-    @pytest.mark.long
     def test_follows_the_users_weights(self, resolved: Any, model: torch.nn.Module, trajectory: list[Any]) -> None:
         structure = next(s for s in trajectory if not isinstance(s, (list, tuple)))
         check_follows_weights(resolved, model, structure, atol=self.atol, rtol=self.rtol, backend=self.backend)
 
+    @pytest.mark.long
     def test_foundation_configurations(self, resolved: Any, foundation_models: Mapping[str, Any],
                                        foundation_structures: list[Any]) -> None:
         """Each configuration users run: exact, finite in every padded row,
