@@ -45,10 +45,10 @@ def test_engines_import_with_torch_only_and_name_their_install() -> None:
     from ddpad.engines import lammps, nvalchemi
 
     if importlib.util.find_spec("nvalchemi") is None:
-        with pytest.raises(ImportError, match=r"pip install torch==2\.13\.0 'ddpad\[nvalchemi\]'"):
+        with pytest.raises(ImportError, match=r"pip install torch==2\.13\.0 -e '\.\[nvalchemi\]'"):
             nvalchemi.BatchPadder(3.0).pad(object(), {})
     if importlib.util.find_spec("mpi4py") is None:
-        with pytest.raises(ImportError, match=r"pip install torch==2\.13\.0 'ddpad\[lammps\]'"):
+        with pytest.raises(ImportError, match=r"pip install torch==2\.13\.0 -e '\.\[lammps\]'"):
             lammps.Potential(object(), torch.nn.Linear(1, 1), "mace", ["C"])
 
 
