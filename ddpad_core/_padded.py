@@ -145,10 +145,7 @@ class PaddedModel(torch.nn.Module):
         self._loaded_keys = set(self.cap_state)
         fitted = bool(self.cap_state) and opts.caps is not None and caps_fitted(opts.caps)
         # what is compiled, loaded, checked and built, by which route: apart from the call path
-        self.manager = CompileManager(self, model, adapter=adapter, call=call, dynamo_config=self.dynamo_config,
-                                      compile_region=compile_region, options=opts, caps=self.cap_state,
-                                      fitted=fitted, seam=pad_in_forward)
-        self.stats = self.manager.stats
+        self._manage(model, fitted)
         self.shrinker: Shrinker | None = None
         self.last_resolutions: list[CapResolution] = []  # of the last call that sized or grew a cap
         self._turns = _Turns()
@@ -313,13 +310,18 @@ class PaddedModel(torch.nn.Module):
         if self._remake_padder is not None:
             self.padder = self._remake_padder(model)
         sizer = self.sizer
-        self.manager = CompileManager(self, model, adapter=self.adapter, call=self.call,
-                                      dynamo_config=self.dynamo_config, compile_region=self._compile_region,
-                                      options=self.options, caps=self.cap_state,
-                                      fitted=sizer is None or sizer.settled, seam=self.pad_in_forward)
-        self.stats = self.manager.stats
+        self._manage(model, fitted=sizer is None or sizer.settled)
         if self.shrinker is not None:
             self.shrinker = Shrinker(self.options.shrink, self.sizer)
+
+    def _manage(self, model: torch.nn.Module, fitted: bool) -> None:
+        """A compile manager for ``model`` (the one at construction, or a copy
+        prepared again) from the current caps; its stats are the model's."""
+        self.manager = CompileManager(self, model, adapter=self.adapter, call=self.call,
+                                      dynamo_config=self.dynamo_config, compile_region=self._compile_region,
+                                      options=self.options, caps=self.cap_state, fitted=fitted,
+                                      seam=self.pad_in_forward)
+        self.stats = self.manager.stats
 
     def close(self) -> None:
         """Stop this model's background compiles and package builds (a worker

@@ -78,18 +78,23 @@ def _passthrough_backend(store: CompileStore, stats: ddpad.Stats) -> object:
     return _CountingBackend(lambda gm, inputs: gm.forward, stats, StoreBinding(store, "model"))
 
 
+def _three_graphs_one_warning(store: CompileStore, caplog: pytest.LogCaptureFixture, said: str) -> None:
+    """Three graphs through ``store`` all compile, with one warning that says ``said``."""
+    stats = ddpad.Stats()
+    backend = _passthrough_backend(store, stats)
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    with caplog.at_level(logging.WARNING, logger="ddpad"):
+        for _ in range(3):
+            assert backend(gm, [torch.ones(1, 2)]) is not None  # type: ignore[operator]
+    assert caplog.text.count(said) == 1
+    assert stats.graphs_compiled == 3
+
+
 def test_a_read_only_store_is_one_warning_and_the_compile_goes_on(
         read_only: pathlib.Path, caplog: pytest.LogCaptureFixture) -> None:
     """Before: the entry's lock (mkdir, os.open(O_CREAT)) raised OSError
     through Dynamo (BackendCompilerFailed) and the step was lost."""
-    stats = ddpad.Stats()
-    backend = _passthrough_backend(CompileStore(read_only), stats)
-    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
-    with caplog.at_level(logging.WARNING, logger="ddpad"):
-        for _ in range(3):  # three graphs: one warning
-            assert backend(gm, [torch.ones(1, 2)]) is not None  # type: ignore[operator]
-    assert caplog.text.count("cannot be written") == 1
-    assert stats.graphs_compiled == 3
+    _three_graphs_one_warning(CompileStore(read_only), caplog, "cannot be written")
 
 
 def test_a_read_only_store_turns_background_compiles_off_once(
@@ -406,14 +411,7 @@ def test_a_filesystem_without_flock_is_one_warning_and_compiles(
 
     monkeypatch.setattr(store_module.fcntl, "flock", no_locks)
     assert fcntl.flock is no_locks  # (the module ddpad locks through)
-    stats = ddpad.Stats()
-    backend = _passthrough_backend(CompileStore(tmp_path), stats)
-    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
-    with caplog.at_level(logging.WARNING, logger="ddpad"):
-        for _ in range(3):  # three graphs: one warning
-            assert backend(gm, [torch.ones(1, 2)]) is not None  # type: ignore[operator]
-    assert caplog.text.count("cannot lock its entries") == 1
-    assert stats.graphs_compiled == 3
+    _three_graphs_one_warning(CompileStore(tmp_path), caplog, "cannot lock its entries")
 
 
 def test_an_entry_written_before_the_lock_was_taken_is_loaded_not_built(tmp_path: pathlib.Path) -> None:
