@@ -8,7 +8,7 @@ calls so both see the same load, the median of ``--calls`` builds:
 
 - pipeline: ``adapter.engine.build_input(model, atoms)`` (the package's own data
   pipeline and CPU neighbour list: what every engine step ran before);
-- tensor: ``adapter.engine.tensor_input(model)`` on a :class:`ddpad.Structures`
+- tensor: ``adapter.engine.tensor_input(model)`` on a :class:`ddpad.padding.Structures`
   whose positions moved (the composition checked once, as an engine's steps
   with the same atoms), neighbour list by vesin-torch on the CPU here.
 """
@@ -40,7 +40,7 @@ def measure(adapter_name: str, sizes: list[int], calls: int) -> dict[str, Any]:
     """Median build times per size (see the module's docstring)."""
     import torch
 
-    from ddpad import Structures
+    from ddpad.padding import Structures
     from ddpad.adapters import get
 
     adapter = get(adapter_name)

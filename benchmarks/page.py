@@ -401,7 +401,7 @@ def input_section(docs: list[dict[str, Any]]) -> str:
     return "\n\n".join([
         "Building the model's input for one step (`python benchmarks/input_build.py ADAPTER`): the adapter's ASE "
         "pipeline (the package's data pipeline and CPU neighbour list) against its tensor path (a "
-        "`ddpad.Structures` whose positions moved: the composition checked once, the neighbour list by "
+        "`ddpad.padding.Structures` whose positions moved: the composition checked once, the neighbour list by "
         "vesin-torch, here on the CPU), on rattled diamond-carbon supercells, the median of alternating calls in "
         "one process.",
         _table(["adapter", "atoms", "pipeline ms", "tensor ms", "faster by"], rows),

@@ -35,7 +35,7 @@ class EngineHooks:
         list of them): the reference input path the tensor path is compared with.
     tensor_input
         Optional ``model -> (Structures -> native input)``: the native input
-        built from tensors on their device (:class:`ddpad.Structures`), for
+        built from tensors on their device (:class:`ddpad.padding.Structures`), for
         the engines (the ASE calculator, torch-sim). Made once per model
         (state per composition lives in the returned function); an
         ``ImportError`` when it is made (a missing neighbour list) sends the
@@ -66,7 +66,7 @@ class EngineHooks:
     molecules
         The model's systems are molecules, each with its own total charge
         (AIMNet2): the engines make an ``ase.Atoms`` with a ``mol_id`` array
-        one system per molecule (:meth:`ddpad.Structures.from_atoms`), as the
+        one system per molecule (:meth:`ddpad.padding.Structures.from_atoms`), as the
         adapter's ``build_input`` does.
     positions_key
         The native input field holding atom positions, for engines that

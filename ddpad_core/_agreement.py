@@ -1,7 +1,7 @@
 """Agreement across ranks: one checked, fixed-size MAX exchange per step (SPEC section 3).
 
 Every rank of an agreement group resolves the same caps on the same step:
-each :func:`~ddpad.resolve_caps` call issues exactly one exchange of the
+each :func:`~ddpad.padding.resolve_caps` call issues exactly one exchange of the
 needs and current caps of all its keys, with a header that catches ranks
 that disagree on keys or step, a rank that failed, or an exchange paired
 with a collective that is not ddpad's. The scope is a context variable.

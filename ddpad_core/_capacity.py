@@ -319,7 +319,7 @@ def checked_ceilings(ceilings: Mapping[str, int] | None) -> Mapping[str, int]:
 
 _BLOCKS_DEPRECATED = ("ddpad.{name} is deprecated and goes in the next release: it is ambient state, which "
                       "a wrapped model's call no longer reads. Resolve on caps that carry their scope instead: "
-                      "scope = ddpad.CapScope(ceilings); resolve_caps(ddpad.ScopedCaps(state, scope), ...); "
+                      "scope = ddpad.padding.CapScope(ceilings); resolve_caps(ddpad.padding.ScopedCaps(state, scope), ...); "
                       "then scope.resolutions")
 
 

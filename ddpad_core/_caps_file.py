@@ -92,7 +92,7 @@ def cached_caps_path(folder: str | os.PathLike[str], adapter: str, fingerprint: 
                      pbc: Sequence[bool]) -> str:
     """The caps file under ``folder`` of a model on a system, as ``ddpad run``
     keeps them between runs: keyed by the model's architecture
-    (``fingerprint``: :func:`ddpad.model_fingerprint`, not its weights), the
+    (``fingerprint``: :func:`ddpad._store.model_fingerprint`, not its weights), the
     system's ``formula`` (species and atom count) and periodicity, so runs of
     other models or systems neither read nor overwrite it."""
     key = {"model": fingerprint, "formula": formula, "pbc": [bool(p) for p in pbc]}

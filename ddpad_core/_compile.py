@@ -19,7 +19,7 @@ from ._stats import Stats
 from ._store import CompileStore, StoreBinding, bind_store, own_artifacts
 from ._verify import CheckedGraph
 
-__all__ = ["compile_counted", "compile_model", "counting_backend", "run_step"]
+__all__ = ["compile_model", "counting_backend", "run_step"]
 
 log = logging.getLogger("ddpad")
 
@@ -155,12 +155,6 @@ def counting_backend(
             raise ValueError("ddpad: counting_backend(compile_cache=...) needs model= (the store keys by it)")
         store = bind_store(model, compile_cache, backend=backend, mode=mode, options=options, dynamic=dynamic)
     return _CountingBackend(_inner_backend(backend, mode, options, dynamic), stats, store, verify)
-
-
-def compile_counted(model: Callable[..., Any], stats: Stats, **compile_kwargs: Any) -> Callable[..., Any]:
-    """``torch.compile(model, **compile_kwargs)`` whose compile events land in
-    ``stats`` (see :func:`counting_backend`)."""
-    return _compile_counted(model, stats, None, **compile_kwargs)
 
 
 def _compile_counted(

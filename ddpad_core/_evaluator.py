@@ -100,7 +100,7 @@ class Evaluator:
     eager model (``pad=False, compile=False``, the reference).
 
     The input is ``ase.Atoms`` (or a list of them), built by the adapter's
-    ``build_input``, or a :class:`~ddpad.Structures`, built on its device by
+    ``build_input``, or a :class:`~ddpad.padding.Structures`, built on its device by
     the adapter's ``tensor_input`` (:attr:`takes_tensors`; ``tensor_input``
     says whether to build that, as in :func:`tensor_builder`)."""
 
@@ -122,7 +122,7 @@ class Evaluator:
 
     @property
     def takes_tensors(self) -> bool:
-        """Whether a :class:`~ddpad.Structures` is built on its device
+        """Whether a :class:`~ddpad.padding.Structures` is built on its device
         (else the caller converts it to ``ase.Atoms``)."""
         return self.build_tensors is not None
 

@@ -3,7 +3,7 @@
 A *rung* is a set of caps one growth ahead of the current ones: every count
 that grows with the system (atoms, edges, a dense padder's neighbour
 columns: every key but ``systems``, the number of systems, which a growing
-system keeps) one :meth:`~ddpad.CapPolicy.grow` up. :class:`Ladder` holds the
+system keeps) one :meth:`~ddpad.padding.CapPolicy.grow` up. :class:`Ladder` holds the
 caps whose graphs are ready (warmed by the first call) or being compiled (a
 background worker); a growth takes the smallest that fits
 (:mod:`._capacity`'s ready-rung choice) and the ladder counts it. Under a

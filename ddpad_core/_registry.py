@@ -24,6 +24,7 @@ __all__ = ["ENTRY_POINT_GROUP", "AdapterNotFound", "AdapterUnavailable", "availa
            "resolve_adapter"]
 
 ENTRY_POINT_GROUP = "ddpad.adapters"
+"""The entry-point group adapters are found in, built-in and plugins alike."""
 _DISTRIBUTION = "ddpad"  # whose entry points are the built-ins
 
 

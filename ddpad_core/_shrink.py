@@ -47,7 +47,7 @@ class ShrinkPolicy:
 class Shrinker:
     """Tracks each key's low-fill streak under a :class:`ShrinkPolicy` and
     says when a cap shrinks (through the policy's one growth rule,
-    :meth:`~ddpad.CapPolicy.grow`, at the shrink's own factor; under a tight
+    :meth:`~ddpad.padding.CapPolicy.grow`, at the shrink's own factor; under a tight
     sizing, its fit).
 
     A shrink to caps whose graph is ready (they ran before, or are a rung)

@@ -70,7 +70,7 @@ class Structures:
         contiguous."""
         structures = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
         if not structures:
-            raise ValueError("ddpad.Structures.from_atoms needs at least one structure")
+            raise ValueError("ddpad.padding.Structures.from_atoms needs at least one structure")
         # one entry per system: (its Atoms, its atom count)
         systems = [(a, hi - lo) for a in structures
                    for lo, hi in (molecule_ranges(a) if molecules else [(0, len(a))])]

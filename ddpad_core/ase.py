@@ -99,7 +99,7 @@ class Calculator(_AseCalculator):
         self._composition: tuple[Any, Structures] | None = None
 
     def structures(self, atoms: Any) -> Structures:
-        """``atoms`` as :class:`~ddpad.Structures` on the model's device (one
+        """``atoms`` as :class:`~ddpad.padding.Structures` on the model's device (one
         system, or one per molecule of its ``mol_id`` array for a model whose
         systems are molecules); the numbers, pbc, system and charge tensors
         are the last call's while they are equal, so the composition is

@@ -467,7 +467,7 @@ def check_tensor_input(adapter: Any, model: torch.nn.Module, structures: Sequenc
                        rtol: float = 0.0, backend: str = "aot_eager") -> None:
     """The adapter's ``tensor_input`` (an engine's tensors -> the native
     input) gives the numbers of its ASE pipeline: each of ``structures``
-    (``ase.Atoms`` or lists of them) as :class:`~ddpad.Structures` on the
+    (``ase.Atoms`` or lists of them) as :class:`~ddpad.padding.Structures` on the
     model's device, through the unpadded eager model and through the padded
     model (one graph per growth), against the pipeline's eager energies,
     forces and (periodic structures) stress."""

@@ -100,7 +100,7 @@ def main() -> None:
             # hand its DistributedModel the backend, counting graphs into `stats` and
             # checking each one's first call against the graph run eagerly
             store = {"compile_cache": args.compile_cache, "model": model} if args.compile_cache else {}
-            md._dist_model._dd_compile_kwargs = {"backend": ddpad.counting_backend(stats, args.backend, **store)}
+            md._dist_model._dd_compile_kwargs = {"backend": ddpad.padding.counting_backend(stats, args.backend, **store)}
         energies, owned = [], []
         exchange = contextlib.nullcontext() if cuda else gloo_exchange()
         with exchange:

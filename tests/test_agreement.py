@@ -50,7 +50,7 @@ def lockstep_worker(rank: int, world: int) -> dict[str, Any]:
     import ddpad
 
     gen = torch.Generator().manual_seed(rank)
-    padder = ddpad.COOPadder(2.0, atom_outputs=("forces",))
+    padder = ddpad.padding.COOPadder(2.0, atom_outputs=("forces",))
     model = ddpad.PaddedModel(Summed(), padder, backend="eager", on_recompile="raise")
     issued = {"all_reduce": 0}
     original = dist.all_reduce
@@ -69,7 +69,7 @@ def lockstep_worker(rank: int, world: int) -> dict[str, Any]:
             dist.all_reduce = counting_all_reduce  # type: ignore[assignment]
             try:
                 before = issued["all_reduce"]
-                padded = ddpad.COOPadder(2.0).pad(data, shadow)
+                padded = ddpad.padding.COOPadder(2.0).pad(data, shadow)
                 collectives.append(issued["all_reduce"] - before)
             finally:
                 dist.all_reduce = original  # type: ignore[assignment]
@@ -129,7 +129,7 @@ def checked_worker(rank: int, world: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     import ddpad
-    from ddpad import CapPolicy, resolve_caps
+    from ddpad.padding import CapPolicy, resolve_caps
 
     policy = CapPolicy(1.15)
     out: dict[str, Any] = {}
@@ -151,7 +151,7 @@ def checked_worker(rank: int, world: int) -> dict[str, Any]:
         out["steps"] = _raises(lambda: resolve_caps({}, {"atoms": (10, policy)}))
     # a rank whose input is bad fails before the exchange: every rank raises on that step
     gen = torch.Generator().manual_seed(rank)
-    model = ddpad.PaddedModel(Flaky(), ddpad.COOPadder(2.0, atom_outputs=("forces",)), compile=False)
+    model = ddpad.PaddedModel(Flaky(), ddpad.padding.COOPadder(2.0, atom_outputs=("forces",)), compile=False)
     good = graph(20, 60, 1, gen)
     with ddpad.cap_agreement_group(None, "cpu") as agreement:
         model(good)
@@ -167,7 +167,7 @@ def checked_worker(rank: int, world: int) -> dict[str, Any]:
         out["after_exchange"] = [first, _raises(lambda: model(good))]
     # caps loaded from a file on one rank only are agreed on the first exchange
     caps = {"atoms": 256, "edges": 4096, "systems": 8} if rank == 0 else None
-    warm = ddpad.PaddedModel(Flaky(), ddpad.COOPadder(2.0, atom_outputs=("forces",)), compile=False, caps=caps)
+    warm = ddpad.PaddedModel(Flaky(), ddpad.padding.COOPadder(2.0, atom_outputs=("forces",)), compile=False, caps=caps)
     with ddpad.cap_agreement_group(None, "cpu"):
         warm(good)
     out["loaded_caps"] = warm.caps
@@ -223,7 +223,7 @@ def dead_peer_worker(rank: int, world: int) -> dict[str, Any]:
     import os
 
     import ddpad
-    from ddpad import CapPolicy, resolve_caps
+    from ddpad.padding import CapPolicy, resolve_caps
 
     policy = CapPolicy(1.15)
     with ddpad.cap_agreement_group(None, "cpu", timeout=60.0):
@@ -260,7 +260,7 @@ def ceilings_worker(rank: int, world: int) -> dict[str, Any]:
     import ddpad
 
     gen = torch.Generator().manual_seed(rank)
-    padder = ddpad.COOPadder(2.0, atom_outputs=("forces",))
+    padder = ddpad.padding.COOPadder(2.0, atom_outputs=("forces",))
     model = ddpad.PaddedModel(Summed(), padder, backend="eager", max_caps={"edges": 600 if rank == 0 else 5000})
     caps: list[dict[str, int]] = []
     failed = None

@@ -316,7 +316,7 @@ def test_tensor_input_gives_the_pipelines_input_and_numbers() -> None:
     model = random_model()
     adapter = adapters.get("aimnet2")
     parts = _molecules_with_charges()
-    structures = ddpad.Structures.from_atoms(parts, molecules=True)
+    structures = ddpad.padding.Structures.from_atoms(parts, molecules=True)
     assert structures.charge is not None and structures.charge.tolist() == [0.0] * 8 + [-1.0, -1.0]
     got, want = adapter.engine.tensor_input(model)(structures), adapter.input_builder(model)(parts)
     assert got.keys() == want.keys()
@@ -327,7 +327,7 @@ def test_tensor_input_gives_the_pipelines_input_and_numbers() -> None:
     assert out["energy"].shape == (10,)
     for key in ("energy", "forces", "charges"):
         torch.testing.assert_close(out[key], ref[key], rtol=0, atol=TOL[torch.float32], msg=key)
-    neutral = ddpad.Structures.from_atoms(parts, molecules=True)
+    neutral = ddpad.padding.Structures.from_atoms(parts, molecules=True)
     neutral.charge = None  # the charge is read: neutral ions are other numbers
     assert not torch.allclose(ddpad.Evaluator(model, adapter, pad=False, compile=False)(neutral)["energy"][8:],
                               ref["energy"][8:])
@@ -375,7 +375,7 @@ def test_the_ase_calculator_takes_the_tensor_path_for_molecules() -> None:
 @pytest.mark.parametrize("kind", ["unknown species", "NaN position", "periodic", "empty system"])
 def test_tensor_input_bad_input_names_the_molecule_before_any_compile(kind: str) -> None:
     model = random_model()
-    s = ddpad.Structures.from_atoms(_molecules_with_charges()[0], molecules=True)
+    s = ddpad.padding.Structures.from_atoms(_molecules_with_charges()[0], molecules=True)
     if kind == "unknown species":
         s.numbers[3] = 99
     elif kind == "NaN position":

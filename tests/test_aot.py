@@ -634,7 +634,7 @@ class _TwoParts(torch.nn.Module):
         self.first, self.core = _Nudge(), MPNN() if traces else torch.nn.Sequential(_Nudge(), MPNN())
 
     def forward(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return self.core(self.first(ddpad.current_dd_context().maybe_pad_graph(dict(data))))
+        return self.core(self.first(ddpad.padding.current_dd_context().maybe_pad_graph(dict(data))))
 
 
 @pytest.mark.parametrize("traces", [True, False], ids=["second-traces", "neither-traces"])

@@ -7,7 +7,8 @@ import logging
 import pytest
 
 import ddpad
-from ddpad import CapPolicy, CapScope, ScopedCaps, record_resolutions, resolve_cap, resolve_caps
+from ddpad._capacity import record_resolutions
+from ddpad.padding import CapPolicy, CapScope, ScopedCaps, resolve_cap, resolve_caps
 
 
 def test_reference_values_atoms_sequence() -> None:
@@ -124,13 +125,13 @@ def test_agreement_over_a_custom_reducer_is_one_call_per_resolution() -> None:
         return [max(a, b) for a, b in zip(vec, peer)]
 
     policies = {"atoms": CapPolicy(1.15, strict_gt=False), "edges": CapPolicy(1.35)}
-    with ddpad.cap_agreement_over(reduce_max, world_size=2) as agreement:
+    with ddpad.padding.cap_agreement_over(reduce_max, world_size=2) as agreement:
         caps = resolve_caps({}, {"atoms": (100, policies["atoms"]), "edges": (2818, policies["edges"])})
     assert len(calls) == 1 and len(calls[0]) == 64 and calls[0][7:9] == [100, 2818]
     assert agreement is not None and agreement.collectives == 1
     assert caps == {"atoms": resolve_cap({}, "a", 300, initial_factor=1.15, strict_gt=False),
                     "edges": resolve_cap({}, "e", 2818, initial_factor=1.35)}
-    with ddpad.cap_agreement_over(reduce_max, world_size=1) as single:
+    with ddpad.padding.cap_agreement_over(reduce_max, world_size=1) as single:
         assert single is None
         resolve_caps({}, {"atoms": (1, policies["atoms"])})
     assert len(calls) == 1
@@ -210,8 +211,8 @@ def test_the_growth_rule_is_one_function_for_resolution_rungs_and_shrink(monkeyp
 
 
 def test_a_scope_travels_on_the_caps_it_is_handed_with() -> None:
-    """Ceilings and the record of a :class:`ddpad.CapScope` apply to the caps
-    that carry it (:class:`ddpad.ScopedCaps`) and nowhere else: a plain dict
+    """Ceilings and the record of a :class:`ddpad.padding.CapScope` apply to the caps
+    that carry it (:class:`ddpad.padding.ScopedCaps`) and nowhere else: a plain dict
     resolved beside it sees neither, however the two interleave."""
     from ddpad import CapacityError
 
@@ -224,8 +225,8 @@ def test_a_scope_travels_on_the_caps_it_is_handed_with() -> None:
         resolve_caps(caps, {"atoms": (40, policy)})
     assert caps == {"atoms": 32}  # unchanged by the refused resolution
     assert [(r.key, r.real, r.old, r.cap) for r in scope.rows] == [("atoms", 20, None, 32)]
-    with pytest.deprecated_call(match="resolve_caps\\(ddpad.ScopedCaps"):
-        with ddpad.cap_ceilings({"atoms": 16}), record_resolutions() as recorded:  # the deprecated blocks
+    with pytest.deprecated_call(match="resolve_caps\\(ddpad.padding.ScopedCaps"):
+        with ddpad._capacity.cap_ceilings({"atoms": 16}), record_resolutions() as recorded:  # the deprecated blocks
             resolve_caps(caps, {"atoms": (24, policy)})  # under its own scope's ceiling, recorded there
             with pytest.raises(CapacityError, match="ceiling is 16"):
                 resolve_caps({}, {"atoms": (24, policy)})  # a plain dict: under the block's

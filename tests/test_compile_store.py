@@ -539,7 +539,7 @@ def test_the_ladder_grows_every_count_but_the_systems() -> None:
     """A dense padder's neighbour columns (AIMNet2's keys) are fewer than the
     atoms but grow with them: every rung moves them too; ``systems`` stays;
     the ladder ends where every growing key is at its ceiling."""
-    from ddpad import CapPolicy
+    from ddpad.padding import CapPolicy
     from ddpad._ladder import ladder
     from ddpad._capacity import CapResolution
 

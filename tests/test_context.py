@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ddpad
-from ddpad import (
+from ddpad.padding import (
     NOT_DISTRIBUTED,
     COOPadder,
     DistributedContext,
@@ -84,4 +84,4 @@ def test_maybe_pad_graph_with_padder_uses_context_caps() -> None:
         out = current_dd_context().maybe_pad_graph(data)
     assert out["positions"].shape == (12, 3)  # atoms fixed: just the anchor pair
     assert ctx.cap_state == {"edges": 16}
-    assert ddpad.current_dd_context() is NOT_DISTRIBUTED
+    assert ddpad.padding.current_dd_context() is NOT_DISTRIBUTED

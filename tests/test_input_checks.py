@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from ddpad import COOPadder, DenseBatchPadder, DensePadder, Fill
+from ddpad.padding import COOPadder, DenseBatchPadder, DensePadder, Fill
 
 CUTOFF = 2.5
 

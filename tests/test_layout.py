@@ -1,12 +1,20 @@
 """The module map (docs/pages/architecture.md): every module of the core
 imports only from modules below it, so there are no cycles, lazy imports
 included. A new module must be placed in ``ORDER``, as in the map. The
-runtime imports no adapter, and the adapters read only ddpad's public names."""
+runtime imports no adapter, and the adapters read only ddpad's public names.
+
+The public tiers: ``ddpad`` (a model's user) and ``ddpad.padding`` (a padder,
+adapter or framework author) export exactly the names below, the names
+SPEC.md gives are importable from them, and docs/pages/api.md lists them as
+``docs/gen_api.py`` writes it."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -20,7 +28,7 @@ ORDER = [
     "_ladder", "_stats", "_caps_file", "_memory", "_shrink", "_weights", "_store_contents", "_store", "_strict", "_verify", "_compile",
     "_aot",
     "_warm", "_background", "_options", "_routes", "_manager", "_padded", "_wrap", "_evaluator", "_worker", "_prebuild",
-    "ase", "torchsim", "testing", "engines", "_bench", "cli", "__main__",
+    "padding", "ase", "torchsim", "testing", "engines", "_bench", "cli", "__main__",
 ]
 # the package's public face: it imports everything, and what imports
 # ``ddpad`` itself reads only its public names, lazily, from the top layers
@@ -31,6 +39,27 @@ PUBLIC_READERS = {"_adapter", "_bench", "cli", "testing"}
 # (``_registry``) and imports none; only the wing on top names them
 OUTSIDE = {"adapters"}
 ADAPTER_READERS = {"_bench", "cli"}
+# the tiers: what ``import ddpad`` gives a model's user, and what ``ddpad.padding``
+# gives whoever writes a padder, an adapter or a framework
+USER_TIER = {
+    "wrap", "PaddedModel", "Evaluator", "Stats", "CapEvent", "CompileEvent", "CompileStore", "default_store_dir",
+    "load_caps", "save_caps", "TightPolicy", "ShrinkPolicy", "cap_agreement_group",
+    "AgreementError", "CapacityError", "RecompileError",
+}
+PADDING_TIER = {
+    "GraphPadder", "resolve_cap", "resolve_caps", "bucket", "CapPolicy", "CapResolution", "CapScope", "ScopedCaps",
+    "Agreement", "cap_agreement_over", "COOPadder", "DensePadder", "DenseBatchPadder", "PadderBase", "Fill",
+    "FillSpec", "DistributedContext", "NOT_DISTRIBUTED", "current_dd_context", "activate_dd_context", "HaloMeta",
+    "GatherMeta", "Structures", "Composition", "NeighborList", "counting_backend",
+}
+# the public modules ``from ddpad import ...`` may name
+PUBLIC_MODULES = {"adapters", "padding", "testing", "ase", "torchsim", "engines"}
+# SPEC.md's names: the module it places them in, or None where it names no module
+SPEC_NAMES = {
+    "resolve_cap": None, "cap_agreement_group": None, "GraphPadder": None, "DistributedContext": None,
+    "current_dd_context": None, "activate_dd_context": None, "NOT_DISTRIBUTED": None,
+    "get": "ddpad.adapters", "available": "ddpad.adapters",
+}
 # the registry's public face, ``ddpad.adapters``, re-exports the core's registry
 REGISTRY_FACE = {"_adapter", "_registry"}
 
@@ -115,7 +144,10 @@ def _private_reads(path: pathlib.Path) -> list[str]:
         parts = module.split(".")
         if parts[0] != "ddpad":
             continue
-        if len(parts) > 1 and parts[1].startswith("_"):
+        tier = {"ddpad": USER_TIER | PUBLIC_MODULES, "ddpad.padding": PADDING_TIER}.get(module)
+        if tier is not None:
+            bad += [f"{module}.{n}" for n in names if n not in tier]
+        elif len(parts) > 1 and parts[1].startswith("_"):
             if not (path == ADAPTERS / "__init__.py" and parts[1] in REGISTRY_FACE):
                 bad.append(module)
         elif parts[1:2] == ["adapters"] and module != "ddpad.adapters._common":
@@ -130,8 +162,57 @@ def test_adapters_read_only_public_names(path: pathlib.Path) -> None:
 
 def test_the_adapter_check_catches_a_private_read(tmp_path: pathlib.Path) -> None:
     """The check above fails on what mattersim and allegro did (a private
-    core module, a sibling adapter's private name) and passes public reads."""
+    core module, a sibling adapter's private name) and on a name read from
+    the wrong tier, and passes public reads."""
     bad = tmp_path / "bad.py"
     bad.write_text("from ddpad._padders import EDGES_POLICY\nfrom ddpad.adapters.nequip import _dtype_name\n"
-                   "import ddpad._noise\nfrom ddpad import COOPadder\nfrom ddpad.adapters._common import detach\n")
-    assert _private_reads(bad) == ["ddpad._padders", "ddpad.adapters.nequip._dtype_name", "ddpad._noise"]
+                   "import ddpad._noise\nfrom ddpad.padding import COOPadder\nfrom ddpad.adapters._common import detach\n"
+                   "from ddpad import COOPadder, wrap, padding\nfrom ddpad.padding import PaddedModel\n")
+    assert _private_reads(bad) == ["ddpad._padders", "ddpad.adapters.nequip._dtype_name", "ddpad._noise",
+                                   "ddpad.COOPadder", "ddpad.padding.PaddedModel"]
+
+
+def test_the_user_tier_is_what_a_models_user_needs() -> None:
+    import ddpad
+
+    assert set(ddpad.__all__) == USER_TIER, f"ddpad.__all__ changed: {set(ddpad.__all__) ^ USER_TIER}"
+    assert len(ddpad.__all__) <= 20
+    assert all(getattr(ddpad, name) is not None for name in ddpad.__all__)
+
+
+def test_the_padding_tier_is_what_a_padder_author_needs() -> None:
+    import ddpad
+    import ddpad.padding
+
+    assert set(ddpad.padding.__all__) == PADDING_TIER, f"ddpad.padding.__all__ changed: {set(ddpad.padding.__all__) ^ PADDING_TIER}"
+    assert all(getattr(ddpad.padding, name) is not None for name in ddpad.padding.__all__)
+    assert not set(ddpad.padding.__all__) & set(ddpad.__all__), "a name in both tiers"
+    assert ddpad.padding is importlib.import_module("ddpad").padding  # ``import ddpad`` reaches it lazily
+
+
+def test_a_name_of_the_padding_tier_is_not_read_from_ddpad() -> None:
+    import ddpad
+
+    assert not hasattr(ddpad, "COOPadder") and not hasattr(ddpad, "resolve_caps")
+
+
+def test_specs_names_are_public_where_spec_puts_them() -> None:
+    import ddpad
+    import ddpad.adapters
+    import ddpad.padding
+
+    for name, module in SPEC_NAMES.items():
+        homes = [importlib.import_module(module)] if module else [ddpad, ddpad.padding]
+        assert any(name in getattr(home, "__all__", ()) for home in homes), f"{name} is not public in {module or 'a tier'}"
+    assert importlib.import_module("ddpad.testing").AdapterTests
+
+
+def test_import_ddpad_imports_no_torch() -> None:
+    code = "import sys, ddpad; ddpad.__all__; assert 'torch' not in sys.modules, sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=CORE.parent / "tests")
+
+
+def test_the_api_page_is_generated_from_the_tiers() -> None:
+    res = subprocess.run([sys.executable, str(CORE.parent / "docs" / "gen_api.py"), "--check"],
+                         capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr

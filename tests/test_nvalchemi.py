@@ -15,7 +15,7 @@ import pytest
 import torch
 from _miscompiling import miscompiling
 from _spawn import run_ranks
-from ddpad import COOPadder
+from ddpad.padding import COOPadder
 from ddpad.engines.nvalchemi import (
     AgreedPadder,
     BatchPadder,

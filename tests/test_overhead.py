@@ -130,7 +130,7 @@ def test_a_neighbour_field_adds_one_kernel_to_a_dense_pad() -> None:
     """Lattice shifts riding on the neighbour matrix cost their own ``where``
     only: the sentinel mask is the one the matrix's reroute built, not
     computed again (on a GPU: one kernel more, not two)."""
-    from ddpad import DensePadder
+    from ddpad.padding import DensePadder
     from ddpad._bench.overhead import _ops
 
     n, k = 30, 8

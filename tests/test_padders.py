@@ -7,7 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddpad import COOPadder, DenseBatchPadder, DensePadder, Fill, GraphPadder
+from ddpad.padding import COOPadder, DenseBatchPadder, DensePadder, Fill, GraphPadder
 
 CUTOFF = 2.5
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -743,7 +743,7 @@ def test_old_hook_names_still_work_for_one_release_and_warn() -> None:
     assert sorted(str(w.message).split(": ")[1].split(", renamed")[0] for w in record) == [
         "test_old_hook_names_still_work_for_one_release_and_warn.<locals>.Old overrides _count",
         "test_old_hook_names_still_work_for_one_release_and_warn.<locals>.Old overrides _row_counts"]
-    assert "renamed count (a public hook of ddpad.PadderBase)" in str(record[0].message)
+    assert "renamed count (a public hook of ddpad.padding.PadderBase)" in str(record[0].message)
     data = _coo_step(12, 30, torch.Generator().manual_seed(2))
     padder = Old(CUTOFF)
     out = padder.pad(data, {})

@@ -65,7 +65,7 @@ def test_every_builtin_adapter_builds_from_tensors() -> None:
 
 def _toy_adapter(name: str) -> Adapter:
     return Adapter(
-        name=name, make_padder=lambda m: ddpad.COOPadder(1.0), energy_key="energy", atom_outputs=("forces",),
+        name=name, make_padder=lambda m: ddpad.padding.COOPadder(1.0), energy_key="energy", atom_outputs=("forces",),
         cutoff=lambda m: 1.0, engine=EngineHooks(build_input=lambda m, atoms: atoms), install_hint="(in-process)",
     )
 
@@ -312,7 +312,7 @@ def test_the_record_splits_into_runtime_engine_and_tool_parts() -> None:
     def random(dtype: object = None, device: str = "cpu") -> torch.nn.Module:
         return torch.nn.Linear(1, 1)
 
-    new = Adapter(name="split", make_padder=lambda m: ddpad.COOPadder(1.0), energy_key="energy",
+    new = Adapter(name="split", make_padder=lambda m: ddpad.padding.COOPadder(1.0), energy_key="energy",
                   cutoff=lambda m: 1.0, engine=EngineHooks(build_input=build, stress_option="stress"),
                   tools=ToolHooks(random_model=random))
     assert new.engine.build_input is build and new.call_options(True) == {"stress": True}

@@ -14,7 +14,8 @@ import torch
 
 import ddpad
 from _mpnn import CUTOFF, MPNN, trajectory
-from ddpad import COOPadder, Fill, PaddedModel, RecompileError, ShrinkPolicy
+from ddpad import PaddedModel, RecompileError, ShrinkPolicy
+from ddpad.padding import COOPadder, Fill
 
 KEYS = ("energy", "node_energy", "forces", "stress")
 
@@ -246,7 +247,7 @@ class SeamModel(torch.nn.Module):
 
     def forward(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         data = dict(data, positions=data["positions"] * 1.0)  # eager work before the seam
-        return self.core(ddpad.current_dd_context().maybe_pad_graph(data))
+        return self.core(ddpad.padding.current_dd_context().maybe_pad_graph(data))
 
 
 def compile_core(model: SeamModel, compile_fn: Any) -> SeamModel:
@@ -263,7 +264,7 @@ def test_pad_in_forward_through_the_context(warm: int) -> None:
     for data in trajectory(30, (1, 3), seed=13):
         ref = plain({k: v.clone() for k, v in data.items()})
         assert_same(wrapped(data), ref)
-        assert ddpad.current_dd_context() is ddpad.NOT_DISTRIBUTED  # restored after the call
+        assert ddpad.padding.current_dd_context() is ddpad.padding.NOT_DISTRIBUTED  # restored after the call
     stats = wrapped.stats
     assert stats.growths and set(wrapped.caps) == {"atoms", "edges", "systems"}
     if not warm:
@@ -295,7 +296,7 @@ def test_counting_backend_survives_deepcopy() -> None:
     counting backend must copy, not recurse."""
     import copy
 
-    backend = ddpad.counting_backend(ddpad.Stats(), "eager")
+    backend = ddpad.padding.counting_backend(ddpad.Stats(), "eager")
     assert copy.deepcopy(backend) is backend  # compiles still count into the same stats
     assert copy.deepcopy({"backend": backend})["backend"] is backend
     fresh = type(backend).__new__(type(backend))  # how copy and pickle probe an instance
@@ -491,7 +492,7 @@ class _OwnCaps(torch.nn.Module):
         self.own: dict[str, int] = {}
 
     def forward(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        ddpad.resolve_caps(self.own, {"inner": (100, ddpad.CapPolicy(1.0))})
+        ddpad.padding.resolve_caps(self.own, {"inner": (100, ddpad.padding.CapPolicy(1.0))})
         return self.mpnn(data)
 
 
@@ -515,4 +516,4 @@ def test_a_calls_scope_is_handed_to_its_padder_not_left_in_ambient_state() -> No
         assert_same(wrapped(data), model.mpnn({k: v.clone() for k, v in data.items()}))
     assert model.own == {"inner": 112}  # its own bucket, past the wrapper's ceiling
     assert {r.key for r in wrapped.last_resolutions} == {"atoms", "edges", "systems"}
-    assert all(isinstance(caps, ddpad.ScopedCaps) and caps.scope.ceilings["inner"] == 10 for caps in seen)
+    assert all(isinstance(caps, ddpad.padding.ScopedCaps) and caps.scope.ceilings["inner"] == 10 for caps in seen)

@@ -19,7 +19,9 @@ import torch
 
 import ddpad
 from _mpnn import MPNN, trajectory
-from ddpad import CapacityError, CapPolicy, COOPadder, Fill, PaddedModel, RecompileError
+from ddpad import CapacityError, PaddedModel, RecompileError
+from ddpad._memory import derive_ceilings
+from ddpad.padding import COOPadder, CapPolicy, Fill
 from test_runtime import assert_same, padder
 
 
@@ -111,7 +113,7 @@ def test_ceilings_stop_growth_then_raise_or_run_eager() -> None:
 
 
 def test_memory_budget_derives_ceilings_and_needs_cuda() -> None:
-    assert ddpad.derive_ceilings({"atoms": 128, "edges": 4096}, peak_bytes=1000, budget_bytes=2500) == {
+    assert derive_ceilings({"atoms": 128, "edges": 4096}, peak_bytes=1000, budget_bytes=2500) == {
         "atoms": 320, "edges": 10240}
     wrapped = PaddedModel(MPNN(), padder(), compile=False, memory_budget=10**9)
     with pytest.raises(ValueError, match="memory_budget .* needs a CUDA input"):

@@ -1,4 +1,4 @@
-"""The tensor input path: ``ddpad.Structures`` -> an adapter's native input on
+"""The tensor input path: ``ddpad.padding.Structures`` -> an adapter's native input on
 the tensors' device (MACE, SevenNet), against the adapter's own ASE pipeline,
 its checks, and what it reads from the device. Each adapter's cases run where
 its package is installed (the mace and sevennet sessions)."""
@@ -19,7 +19,8 @@ pytest.importorskip("vesin_torch")
 from ase import Atoms  # noqa: E402
 from ase.build import bulk, molecule  # noqa: E402
 
-from ddpad import Evaluator, Structures  # noqa: E402
+from ddpad import Evaluator
+from ddpad.padding import Structures
 from ddpad.adapters import get  # noqa: E402
 
 class Case(NamedTuple):
@@ -317,7 +318,7 @@ def test_nequip_per_edge_type_cutoffs_prune_as_nequip_does() -> None:
 @pytest.mark.parametrize("pbc", [True, torch.tensor([True, True, True]), torch.tensor([[True] * 3, [True] * 3])],
                          ids=["bool (torch-sim 0.3)", "[3] (torch-sim 0.6)", "[S, 3]"])
 def test_every_pbc_form_an_engine_passes(pbc: Any) -> None:
-    from ddpad import Composition
+    from ddpad.padding import Composition
 
     s = Structures.from_atoms([crystal((1, 1, 1), 0), crystal((1, 1, 1), 1)])
     s.pbc = pbc

@@ -36,7 +36,7 @@ class Pairwise(torch.nn.Module):
 
 
 def wrapped(**options: Any) -> ddpad.PaddedModel:
-    padder = ddpad.COOPadder(2.0, atom_outputs=("forces",), system_outputs=("energy",))
+    padder = ddpad.padding.COOPadder(2.0, atom_outputs=("forces",), system_outputs=("energy",))
     return ddpad.PaddedModel(Pairwise(), padder, **{"compile": False, **options})
 
 
@@ -45,7 +45,7 @@ def wrapped(**options: Any) -> ddpad.PaddedModel:
 
 @pytest.mark.parametrize("need", [256, 300, 1000, 2736, 22_090, 100_000])
 @pytest.mark.parametrize("policy", [ATOMS_POLICY, EDGES_POLICY])
-def test_a_fitted_cap_fills_at_least_95_percent_from_256_rows(need: int, policy: ddpad.CapPolicy) -> None:
+def test_a_fitted_cap_fills_at_least_95_percent_from_256_rows(need: int, policy: ddpad.padding.CapPolicy) -> None:
     cap = TIGHT.fit(policy, need)
     assert policy.fits(need, cap) and cap % 1 == 0
     assert need / cap >= 0.95, (need, cap)
@@ -107,7 +107,7 @@ def test_headroom_keeps_the_reference_caps() -> None:
     model = wrapped(cap_policy="headroom")
     for step in range(20):
         model(graph(300, 3000 + (step * 37) % 61, gen))
-    assert model.caps["edges"] == ddpad.bucket(3000, 1.35, 16)
+    assert model.caps["edges"] == ddpad.padding.bucket(3000, 1.35, 16)
     assert model.stats.fits == []
 
 
@@ -325,7 +325,7 @@ class Slow(Pairwise):
 
 
 def _shrinking(model: torch.nn.Module, shrink: ddpad.ShrinkPolicy) -> ddpad.PaddedModel:
-    padder = ddpad.COOPadder(2.0, atom_outputs=("forces",), system_outputs=("energy",))
+    padder = ddpad.padding.COOPadder(2.0, atom_outputs=("forces",), system_outputs=("energy",))
     # (verify=False: the first-use check is one more step on every compiling call, counted in what a new
     # graph costs, as it should be; these step times and margins were set for the compile alone)
     return ddpad.PaddedModel(model, padder, backend="eager", cap_policy="headroom", shrink=shrink,

@@ -90,7 +90,7 @@ def test_a_seam_padded_model_is_checked_at_its_seam(caplog: pytest.LogCaptureFix
             assert_same(wrapped(data), _reference(model.core._orig_mod, data))
     s = wrapped.stats
     assert s.checks == s.disagreements == 1 + s.growth_calls
-    assert ddpad.current_dd_context() is ddpad.NOT_DISTRIBUTED
+    assert ddpad.padding.current_dd_context() is ddpad.padding.NOT_DISTRIBUTED
     good = PaddedModel(SeamModel(), padder(), pad_in_forward=True, backend="aot_eager", compile_region=compile_core,
                        cap_policy="headroom", on_recompile="raise")
     for data in steps:
@@ -156,7 +156,7 @@ def _energy_and_count(positions: torch.Tensor, weight: torch.Tensor, calls: torc
 def _engine_compiled(backend: Any, **options: Any) -> tuple[Any, ddpad.Stats]:
     torch._dynamo.reset()
     stats = ddpad.Stats()
-    return torch.compile(_energy_and_count, backend=ddpad.counting_backend(stats, backend, **options)), stats
+    return torch.compile(_energy_and_count, backend=ddpad.padding.counting_backend(stats, backend, **options)), stats
 
 
 def test_an_engines_miscompiled_graphs_run_eagerly_differentiable(caplog: pytest.LogCaptureFixture) -> None:

@@ -12,7 +12,7 @@ import torch
 
 import ddpad
 from _mpnn import CUTOFF, MPNN, trajectory
-from ddpad import COOPadder, Fill
+from ddpad.padding import COOPadder, Fill
 from ddpad.adapters import Adapter, EngineHooks
 from ddpad._weights import Follow, share_weights
 

@@ -4,7 +4,7 @@ The native input is aimnet's flat ("mode 1") batch as its calculator builds
 it: ``coord [N+1, 3]``, ``numbers``, ``mol_idx``, per-molecule ``charge``
 (and ``mult``), and neighbour matrices ``nbmat[_lr|_coulomb|_dftd3]`` of
 shape ``[N+1, K]`` whose last row is the model's pad atom and whose entries
-``N`` are sentinels. :class:`ddpad.DensePadder` pads the rows to the atoms
+``N`` are sentinels. :class:`ddpad.padding.DensePadder` pads the rows to the atoms
 cap and every matrix width ``K`` to its own grow-only cap. Dead atoms
 (``numbers = 0``) form their own zero-charge molecule: joined to a real one
 they would take part in its charge equilibration.
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from ddpad import Composition, DensePadder, Fill, Structures
+from ddpad.padding import Composition, DensePadder, Fill, Structures
 from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter
 from torch import Tensor
@@ -36,7 +36,7 @@ SYSTEM_OUTPUTS = ("energy",)
 
 
 def make_padder(model: torch.nn.Module | None = None, **overrides: Any) -> DensePadder:
-    """The AIMNet2 padder; keyword arguments override :class:`ddpad.DensePadder`'s."""
+    """The AIMNet2 padder; keyword arguments override :class:`ddpad.padding.DensePadder`'s."""
     config: dict[str, Any] = dict(
         nbmat=NBMAT_KEYS,
         atom_fields={"coord": 0.0, "numbers": 0, "mol_idx": Fill.LAST_SYSTEM},

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from ddpad import Composition, COOPadder, Fill, NeighborList, Structures
+from ddpad.padding import COOPadder, Composition, Fill, NeighborList, Structures
 from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon, unknown_elements
 from torch import Tensor
@@ -64,7 +64,7 @@ def _cutoff(model: torch.nn.Module) -> float:
 
 def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
     """The MACE padder for ``model`` (cutoff ``model.r_max``); keyword arguments
-    override :class:`ddpad.COOPadder`'s."""
+    override :class:`ddpad.padding.COOPadder`'s."""
     config: dict[str, Any] = dict(
         atom_fields=ATOM_FIELDS, edge_fields=EDGE_FIELDS, system_fields=SYSTEM_FIELDS,
         atom_outputs=ATOM_OUTPUTS, system_outputs=SYSTEM_OUTPUTS, edge_outputs=EDGE_OUTPUTS,

@@ -101,7 +101,7 @@ from typing import Any
 
 import torch
 from ase.units import GPa
-from ddpad import CapPolicy, Composition, COOPadder, Fill, NeighborList, Structures
+from ddpad.padding import COOPadder, CapPolicy, Composition, Fill, NeighborList, Structures
 from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon
 from torch import Tensor
@@ -139,7 +139,7 @@ def _cutoff(model: torch.nn.Module) -> float:
 
 
 class MatterSimPadder(COOPadder):
-    """:class:`ddpad.COOPadder` for mattersim's input dict, plus a triplet cap.
+    """:class:`ddpad.padding.COOPadder` for mattersim's input dict, plus a triplet cap.
 
     Atoms, edges and systems are padded by the COO machinery (dead anchor
     pair, own dead system). Afterwards the triplet fields are padded to the
@@ -252,7 +252,7 @@ def _complete(data: Mapping[str, Any]) -> Mapping[str, Any]:
 def make_padder(model: torch.nn.Module, **overrides: Any) -> MatterSimPadder:
     """The mattersim padder for ``model`` (cutoff: the larger of its two- and
     three-body cutoffs); keyword arguments override :class:`MatterSimPadder`'s
-    and :class:`ddpad.COOPadder`'s."""
+    and :class:`ddpad.padding.COOPadder`'s."""
     return MatterSimPadder(_cutoff(model), **overrides)
 
 

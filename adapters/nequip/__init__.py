@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from ddpad import Composition, COOPadder, Fill, NeighborList, Structures
+from ddpad.padding import COOPadder, Composition, Fill, NeighborList, Structures
 from ddpad.adapters import Adapter, EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter
 from torch import Tensor
@@ -110,7 +110,7 @@ def _type_names(model: torch.nn.Module) -> list[str]:
 
 
 class NequIPPadder(COOPadder):
-    """:class:`ddpad.COOPadder` for nequip's field names, with dead self-loops.
+    """:class:`ddpad.padding.COOPadder` for nequip's field names, with dead self-loops.
 
     nequip has no cartesian shift field: its edge vectors come from the
     lattice shift (``edge_cell_shift``) and the per-system ``cell``, so a
@@ -127,7 +127,7 @@ class NequIPPadder(COOPadder):
 
 def make_padder(model: torch.nn.Module, **overrides: Any) -> NequIPPadder:
     """The nequip padder for ``model`` (cutoff: its ``r_max`` metadata);
-    keyword arguments override :class:`ddpad.COOPadder`'s."""
+    keyword arguments override :class:`ddpad.padding.COOPadder`'s."""
     config: dict[str, Any] = {
         "positions": "pos", "edge_index": "edge_index", "system_index": "batch", "ptr": None,
         "system_count": "num_atoms", "atom_counts": "num_atoms",

@@ -8,7 +8,7 @@ the ``node_features`` (``positions``, ``atomic_numbers``,
 ``unit_shifts``) and ``system_features`` (``cell``, ``pbc``, ``lattice``,
 ...) dicts. The graph is built before the model runs, so it is padded
 before the model, like MACE's: :class:`OrbPadder` flattens the
-``AtomGraphs`` into one dict, pads it with :class:`ddpad.COOPadder` and
+``AtomGraphs`` into one dict, pads it with :class:`ddpad.padding.COOPadder` and
 rebuilds an ``AtomGraphs`` of the same class.
 
 - Dead atoms form their own dead system (one more ``n_node`` / ``n_edge`` /
@@ -53,7 +53,7 @@ import inspect
 from typing import Any
 
 import torch
-from ddpad import Composition, COOPadder, Fill, Structures
+from ddpad.padding import COOPadder, Composition, Fill, Structures
 from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter, diamond_carbon, voigt_to_full
 from torch import Tensor
@@ -82,7 +82,7 @@ def _cutoff(model: torch.nn.Module) -> float:
 
 
 class OrbPadder(COOPadder):
-    """:class:`ddpad.COOPadder` for orb's ``AtomGraphs``.
+    """:class:`ddpad.padding.COOPadder` for orb's ``AtomGraphs``.
 
     The graph is flattened to ``{"node:<name>", "edge:<name>",
     "system:<name>", "node_target:<name>", ..., "edge_index", "n_node",
@@ -182,7 +182,7 @@ def _field_specs(flat: dict[str, Tensor]) -> tuple[dict[str, Any], dict[str, Any
 
 def make_padder(model: torch.nn.Module, **overrides: Any) -> OrbPadder:
     """The orb padder for ``model`` (cutoff: :func:`_cutoff`); keyword
-    arguments override :class:`ddpad.COOPadder`'s."""
+    arguments override :class:`ddpad.padding.COOPadder`'s."""
     return OrbPadder(_cutoff(model), **overrides)
 
 

@@ -58,7 +58,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from ddpad import Composition, COOPadder, Fill, NeighborList, Structures
+from ddpad.padding import COOPadder, Composition, Fill, NeighborList, Structures
 from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon, unknown_elements, voigt_to_full
 from torch import Tensor
@@ -119,12 +119,12 @@ def _modal_types(model: torch.nn.Module, systems: int) -> Tensor | None:
 
 def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
     """The SevenNet padder for ``model`` (cutoff ``model.cutoff``); keyword
-    arguments override :class:`ddpad.COOPadder`'s.
+    arguments override :class:`ddpad.padding.COOPadder`'s.
 
     Dead atoms get the smallest atomic number in the model's ``type_map`` (a
     valid species: 0 breaks sevenn's one-hot); dead edges are self-loops whose
     ``edge_vec`` is as long as the cutoff, where sevenn's envelopes are zero
-    (beyond it they are not: ``dead_edge_length`` of :class:`ddpad.COOPadder`). ``unpad`` also slices the two
+    (beyond it they are not: ``dead_edge_length`` of :class:`ddpad.padding.COOPadder`). ``unpad`` also slices the two
     fields sevenn passes through from its input that are not sliced by
     rows: the edge index ``[2, E]`` (along edges) and ``ptr [S + 1]``.
     """

@@ -37,7 +37,7 @@ import functools
 from typing import Any
 
 import torch
-from ddpad import CapPolicy, Composition, COOPadder, Fill, Structures, current_dd_context
+from ddpad.padding import COOPadder, CapPolicy, Composition, Fill, Structures, current_dd_context
 from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter
 from torch import Tensor
@@ -69,7 +69,7 @@ def _cutoff(model: torch.nn.Module) -> float:
 
 def make_padder(model: torch.nn.Module, **overrides: Any) -> COOPadder:
     """The UMA padder (anchor-pair dead edges, fairchem field names);
-    keyword arguments override :class:`ddpad.COOPadder`'s."""
+    keyword arguments override :class:`ddpad.padding.COOPadder`'s."""
     config: dict[str, Any] = dict(
         positions="pos", atom_fields=ATOM_FIELDS, edge_fields={"cell_offsets": 0.0},
         system_fields=SYSTEM_FIELDS, system_index="batch", ptr=None, system_count="natoms",

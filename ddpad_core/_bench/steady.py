@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from ddpad import TightPolicy, UnpaddedCompiled, wrap
+from ddpad import TightPolicy, wrap
+from ddpad._evaluator import UnpaddedCompiled
 
 __all__ = ["format_steady", "steady_table"]
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from ddpad import Stats, UnpaddedCompiled, wrap
+from ddpad import Stats, wrap
+from ddpad._evaluator import UnpaddedCompiled
 from ddpad._stats import lowest_fill
 
 __all__ = ["VARIANTS", "figure", "fluctuating_trajectory", "plot", "run_bench"]

@@ -94,7 +94,7 @@ class PadderBase:
             if old in own and new not in own:
                 warnings.warn(
                     f"ddpad: {cls.__qualname__} overrides {old}, renamed {new} (a public hook of "
-                    f"ddpad.PadderBase); {old} is used as {new} for one release: rename it",
+                    f"ddpad.padding.PadderBase); {old} is used as {new} for one release: rename it",
                     DeprecationWarning, stacklevel=2,
                 )
                 setattr(cls, new, own[old])

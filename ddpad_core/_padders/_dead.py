@@ -38,6 +38,7 @@ class Fill(enum.Enum):
 
 
 FillSpec = int | float | bool | Tensor | Fill
+"""A dead row's value for one field: a constant, a tensor, or a :class:`Fill` marker."""
 Placement = Literal["own", "join"]
 
 

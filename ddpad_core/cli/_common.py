@@ -237,7 +237,7 @@ def _load_caps(path: str | None, adapter: str) -> dict[str, int] | None:
 def _cached_caps_path(adapter: str, model: torch.nn.Module, atoms: Any) -> str:
     """The user cache's caps file of this model on this system
     (:func:`ddpad._caps_file.cached_caps_path`)."""
-    from ddpad import model_fingerprint
+    from ddpad._store import model_fingerprint
     from ddpad._caps_file import cached_caps_path
 
     return cached_caps_path(os.path.join(_cache_dir(), "caps"), adapter, model_fingerprint(model),

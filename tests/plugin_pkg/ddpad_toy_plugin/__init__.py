@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ddpad import COOPadder
+from ddpad.padding import COOPadder
 from ddpad.adapters import Adapter, EngineHooks, ToolHooks
 
 
