@@ -5,9 +5,7 @@ conformance kit need to build one (:class:`ToolHooks`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -153,14 +151,7 @@ class ToolHooks:
                 object.__setattr__(self, hook, _quietly(build))
 
 
-# the fields that moved from Adapter into its two hook records (read or
-# passed flat, they work for one release, with a DeprecationWarning)
-_MOVED = {**{f.name: "engine" for f in dataclasses.fields(EngineHooks)},
-          **{f.name: "tools" for f in dataclasses.fields(ToolHooks)}}
-_RECORDS = {"engine": EngineHooks, "tools": ToolHooks}
-
-
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True)
 class Adapter:
     """One model family's declaration (SPEC section 8): what the runtime
     needs to pad, compile, call and check the model, with what engines need
@@ -242,13 +233,6 @@ class Adapter:
         caller may take forces by autograd of the returned energy with
         respect to it (as with the native model); None when the native
         model's energy is not connected to its input.
-
-    Notes
-    -----
-    The fields of :class:`EngineHooks` and :class:`ToolHooks` were fields of
-    this record before; passed to ``Adapter(...)`` flat or read from it flat
-    (``adapter.build_input``), they still work for one release, with a
-    ``DeprecationWarning`` naming their new place.
     """
 
     name: str
@@ -270,46 +254,12 @@ class Adapter:
     call_forms: tuple[Mapping[str, Any], ...] = ()
     grad_input: str | None = None
 
-    def __init__(self, name: str, make_padder: Callable[[torch.nn.Module], GraphPadder], energy_key: str,
-                 cutoff: Callable[[torch.nn.Module], float], engine: EngineHooks | None = None,
-                 **fields: Any) -> None:
-        if engine is not None and not isinstance(engine, EngineHooks):  # build_input, positional as before
-            fields["build_input"], engine = engine, None
-        moved = {key: fields.pop(key) for key in [*fields] if key in _MOVED}
-        if moved:
-            warnings.warn(
-                f"ddpad: Adapter({', '.join(f'{k}=...' for k in moved)}) for {name!r}: these fields moved to "
-                + " and ".join(f"Adapter.{r} ({_RECORDS[r].__name__})" for r in dict.fromkeys(_MOVED[k] for k in moved))
-                + "; pass engine=EngineHooks(...) / tools=ToolHooks(...). Flat keywords work for one release",
-                DeprecationWarning, stacklevel=2,
-            )
-        records: dict[str, Any] = {"engine": engine, "tools": fields.pop("tools", None)}
-        for attr, record in _RECORDS.items():
-            flat = {k: v for k, v in moved.items() if _MOVED[k] == attr}
-            if flat:
-                records[attr] = record(**flat) if records[attr] is None else dataclasses.replace(records[attr], **flat)
-        if records["engine"] is None:
-            raise TypeError(f"ddpad: Adapter {name!r} needs engine=EngineHooks(build_input=...): how the engines "
-                            "(ASE, torch-sim, LAMMPS) build the model's input")
-        own = {f.name: f for f in dataclasses.fields(self)}
-        unknown = sorted(set(fields) - set(own))
-        if unknown:
-            raise TypeError(f"ddpad: Adapter got unknown field(s) {unknown}; its fields are {sorted(own)} "
-                            f"and, in Adapter.engine / .tools, {sorted(_MOVED)}")
-        given = {"name": name, "make_padder": make_padder, "energy_key": energy_key, "cutoff": cutoff,
-                 "engine": records["engine"], "tools": records["tools"] or ToolHooks(), **fields}
-        for key, f in own.items():
-            value = given[key] if key in given else (f.default_factory() if f.default is dataclasses.MISSING
-                                                     else f.default)  # type: ignore[misc]
-            object.__setattr__(self, key, value)
-
-    def __getattr__(self, name: str) -> Any:
-        record = _MOVED.get(name)
-        if record is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        warnings.warn(f"ddpad: Adapter.{name} moved to Adapter.{record}.{name}; the flat name works for one "
-                      "release", DeprecationWarning, stacklevel=2)
-        return getattr(object.__getattribute__(self, record), name)
+    def __post_init__(self) -> None:
+        if not isinstance(self.engine, EngineHooks):
+            raise TypeError(f"ddpad: Adapter {self.name!r} needs engine=EngineHooks(build_input=...): how the "
+                            f"engines (ASE, torch-sim, LAMMPS) build the model's input; got {self.engine!r}")
+        if not isinstance(self.tools, ToolHooks):
+            raise TypeError(f"ddpad: Adapter {self.name!r}: tools must be a ToolHooks, got {self.tools!r}")
 
     @property
     def flat_energy_key(self) -> str:

@@ -11,13 +11,10 @@ holds one model's observations).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import logging
 import math
 import operator
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -33,8 +30,6 @@ __all__ = [
     "TightCaps",
     "TightPolicy",
     "bucket",
-    "cap_ceilings",
-    "record_resolutions",
     "resolve_cap",
     "resolve_caps",
 ]
@@ -300,13 +295,7 @@ class Row(NamedTuple):
     policy: CapPolicy
 
 
-# the deprecated public blocks (record_resolutions, cap_ceilings) for callers that resolve caps with a
-# plain dict (one release more); caps with a scope (ScopedCaps: every wrapped model's call) never read them
-_RESOLUTIONS: contextvars.ContextVar[Callable[[list[Row]], None] | None] = contextvars.ContextVar(
-    "ddpad_resolutions", default=None
-)
 _NO_CEILINGS: Mapping[str, int] = MappingProxyType({})
-_CEILINGS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar("ddpad_ceilings", default=_NO_CEILINGS)
 
 
 def checked_ceilings(ceilings: Mapping[str, int] | None) -> Mapping[str, int]:
@@ -315,46 +304,6 @@ def checked_ceilings(ceilings: Mapping[str, int] | None) -> Mapping[str, int]:
         if _as_count(f"ceiling of {key!r}", value) < 1:
             raise ValueError(f"ceiling of {key!r} must be >= 1, got {value}")
     return MappingProxyType(dict(ceilings or {}))
-
-
-_BLOCKS_DEPRECATED = ("ddpad.{name} is deprecated and goes in the next release: it is ambient state, which "
-                      "a wrapped model's call no longer reads. Resolve on caps that carry their scope instead: "
-                      "scope = ddpad.padding.CapScope(ceilings); resolve_caps(ddpad.padding.ScopedCaps(state, scope), ...); "
-                      "then scope.resolutions")
-
-
-@contextlib.contextmanager
-def cap_ceilings(ceilings: Mapping[str, int] | None) -> Iterator[None]:
-    """Per-key cap ceilings for every resolution of a plain dict inside the
-    block (on top of each policy's ``max_cap``; the smaller wins).
-
-    .. deprecated::
-        Pass ``ScopedCaps(state, CapScope(ceilings))`` to :func:`resolve_caps`.
-    """
-    warnings.warn(_BLOCKS_DEPRECATED.format(name="cap_ceilings"), DeprecationWarning, stacklevel=3)
-    token = _CEILINGS.set(checked_ceilings(ceilings))
-    try:
-        yield
-    finally:
-        _CEILINGS.reset(token)
-
-
-@contextlib.contextmanager
-def record_resolutions() -> Iterator[list[CapResolution]]:
-    """Collect every :class:`CapResolution` of a plain dict made inside the
-    block (growths, fills) into the yielded list. Nested blocks each see
-    their own list.
-
-    .. deprecated::
-        Read :attr:`CapScope.resolutions` of the scope the caps carry.
-    """
-    warnings.warn(_BLOCKS_DEPRECATED.format(name="record_resolutions"), DeprecationWarning, stacklevel=3)
-    sink: list[CapResolution] = []
-    token = _RESOLUTIONS.set(lambda rows: sink.extend(CapResolution(*row) for row in rows))
-    try:
-        yield sink
-    finally:
-        _RESOLUTIONS.reset(token)
 
 
 class CapScope:
@@ -434,8 +383,7 @@ def resolve_caps(
         resolved. A :class:`ScopedCaps` (what a wrapped model's call hands its
         padder) resolves under its scope's ceilings, ready rungs and tight
         sizing, and records its rows there (nothing ambient); a plain dict
-        under the deprecated :func:`cap_ceilings` and
-        :func:`record_resolutions` blocks, if any.
+        under none of them (only each policy's ``max_cap``).
     requests
         ``{key: (real_count, policy)}``.
 
@@ -447,13 +395,13 @@ def resolve_caps(
     Raises
     ------
     CapacityError
-        When a need exceeds its ceiling (``CapPolicy.max_cap`` or
-        :func:`cap_ceilings`); ``state`` is left unchanged.
+        When a need exceeds its ceiling (``CapPolicy.max_cap`` or the
+        scope's); ``state`` is left unchanged.
     """
     scope = state.scope if type(state) is ScopedCaps else None
     agreement = _AGREEMENT.get()
     if scope is None:
-        ceilings, rungs, sizer = _CEILINGS.get(), (), None
+        ceilings, rungs, sizer = _NO_CEILINGS, (), None
     else:
         ceilings, rungs, sizer = scope.ceilings or _NO_CEILINGS, scope.rungs, scope.sizer
     steady = agreement is None and (sizer is None or not sizer.due)  # (a due fit takes the general path)
@@ -462,10 +410,6 @@ def resolve_caps(
         rows = _resolve(state, requests, agreement, ceilings, sizer, rungs)
     if scope is not None:
         scope.rows.extend(rows)
-    else:
-        sink = _RESOLUTIONS.get()
-        if sink is not None:
-            sink(rows)
     return {row.key: row.cap for row in rows}
 
 

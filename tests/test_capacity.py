@@ -7,7 +7,6 @@ import logging
 import pytest
 
 import ddpad
-from ddpad._capacity import record_resolutions
 from ddpad.padding import CapPolicy, CapScope, ScopedCaps, resolve_cap, resolve_caps
 
 
@@ -225,13 +224,6 @@ def test_a_scope_travels_on_the_caps_it_is_handed_with() -> None:
         resolve_caps(caps, {"atoms": (40, policy)})
     assert caps == {"atoms": 32}  # unchanged by the refused resolution
     assert [(r.key, r.real, r.old, r.cap) for r in scope.rows] == [("atoms", 20, None, 32)]
-    with pytest.deprecated_call(match="resolve_caps\\(ddpad.padding.ScopedCaps"):
-        with ddpad._capacity.cap_ceilings({"atoms": 16}), record_resolutions() as recorded:  # the deprecated blocks
-            resolve_caps(caps, {"atoms": (24, policy)})  # under its own scope's ceiling, recorded there
-            with pytest.raises(CapacityError, match="ceiling is 16"):
-                resolve_caps({}, {"atoms": (24, policy)})  # a plain dict: under the block's
-            unscoped = CapScope()
-            assert resolve_caps(ScopedCaps({}, unscoped), {"atoms": (24, policy)}) == {"atoms": 32}
-    assert recorded == [] and len(scope.rows) == 2
-    # a scope without ceilings has none: before, it read the block's (16) and this call failed
-    assert [(r.key, r.cap) for r in unscoped.resolutions] == [("atoms", 32)]
+    unscoped = CapScope()  # a scope without ceilings has none
+    assert resolve_caps(ScopedCaps({}, unscoped), {"atoms": (24, policy)}) == {"atoms": 32}
+    assert [(r.key, r.cap) for r in unscoped.resolutions] == [("atoms", 32)] and len(scope.rows) == 1

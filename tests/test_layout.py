@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import importlib
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -216,3 +217,30 @@ def test_the_api_page_is_generated_from_the_tiers() -> None:
     res = subprocess.run([sys.executable, str(CORE.parent / "docs" / "gen_api.py"), "--check"],
                          capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
+
+
+def _deprecations(path: pathlib.Path) -> list[str]:
+    """Where ``path`` keeps an old name working: a ``DeprecationWarning`` (or
+    ``FutureWarning``) of its own raised, or a ``.. deprecated::`` note."""
+    text = path.read_text()
+    found = [f"{path.name}:{text[:m.start()].count(chr(10)) + 1}" for m in re.finditer(r"\.\. deprecated::", text)]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "warn":
+            kinds = [a for a in [*node.args, *(k.value for k in node.keywords)] if isinstance(a, ast.Name)]
+            if any(a.id in ("DeprecationWarning", "FutureWarning", "PendingDeprecationWarning") for a in kinds):
+                found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_no_deprecation_shims() -> None:
+    """0.1.0 is unreleased: nothing outside this repository uses an old
+    name, so none is kept working beside the new one."""
+    shims = [s for p in sorted([*CORE.rglob("*.py"), *ADAPTERS.rglob("*.py")]) for s in _deprecations(p)]
+    assert not shims, f"deprecation shims: {shims}"
+
+
+def test_the_shim_check_catches_one(tmp_path: pathlib.Path) -> None:
+    shim = tmp_path / "shim.py"
+    shim.write_text('import warnings\n\ndef old():\n    """.. deprecated:: use new"""\n'
+                    '    warnings.warn("old is new", DeprecationWarning, stacklevel=2)\n')
+    assert _deprecations(shim) == ["shim.py:4", "shim.py:5"]

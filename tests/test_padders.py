@@ -726,43 +726,6 @@ def test_a_changed_dead_row_rule_changes_the_coo_layout(monkeypatch: pytest.Monk
     assert padder.pad(data, {}, cap_atoms=False)["positions"].shape[0] == 20 + 2
 
 
-def test_old_hook_names_still_work_for_one_release_and_warn() -> None:
-    """A subclass (another package's) overriding an old private hook name
-    gets it mapped onto the public hook, with a DeprecationWarning; its
-    ``super()`` calls on the old names reach the built-in hooks."""
-    with pytest.warns(DeprecationWarning) as record:
-        class Old(COOPadder):
-            def _count(self, data: dict[str, torch.Tensor]) -> dict[str, int]:
-                counts = super()._count(data)
-                self.seen = dict(counts)
-                return counts
-
-            def _row_counts(self, n_atoms: int) -> dict[str, int]:
-                return {**super()._row_counts(n_atoms), "extra_out": 1}
-
-    assert sorted(str(w.message).split(": ")[1].split(", renamed")[0] for w in record) == [
-        "test_old_hook_names_still_work_for_one_release_and_warn.<locals>.Old overrides _count",
-        "test_old_hook_names_still_work_for_one_release_and_warn.<locals>.Old overrides _row_counts"]
-    assert "renamed count (a public hook of ddpad.padding.PadderBase)" in str(record[0].message)
-    data = _coo_step(12, 30, torch.Generator().manual_seed(2))
-    padder = Old(CUTOFF)
-    out = padder.pad(data, {})
-    assert padder.seen == {"atoms": 12, "edges": 30, "systems": 1}
-    assert out["positions"].shape[0] > 12
-    assert padder.unpad({"extra_out": torch.zeros(5)})["extra_out"].shape == (1,)
-    assert padder._count(data) == padder.count(data)  # old names still callable
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-
-        class New(COOPadder):  # the public names: no warning
-            def count(self, data: dict[str, torch.Tensor]) -> dict[str, int]:
-                return super().count(data)
-
-    assert New(CUTOFF)._count(data) == {"atoms": 12, "edges": 30, "systems": 1}
-
-
 def test_edge_pair_and_ptr_outputs_are_sliced() -> None:
     """``edge_pair_outputs`` ([2, E], sliced on the last axis) and
     ``ptr_outputs`` ([S + 1]): what nequip's and sevenn's padders did in

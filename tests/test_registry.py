@@ -301,9 +301,8 @@ def test_building_a_model_is_quiet_for_every_adapter() -> None:
 def test_the_record_splits_into_runtime_engine_and_tool_parts() -> None:
     """``Adapter`` holds what the runtime reads; what engines read is in
     ``engine`` (``EngineHooks``), what the command line, bench and kit read is
-    in ``tools`` (``ToolHooks``). A record written before the split (those
-    fields passed or read flat) keeps working for one release, warning where
-    each field went; an unknown field is refused by name."""
+    in ``tools`` (``ToolHooks``), and nowhere else: those fields passed or
+    read flat, or an unknown field, are refused by name."""
     from ddpad.adapters import ToolHooks
 
     def build(m: object, atoms: object) -> object:
@@ -317,20 +316,20 @@ def test_the_record_splits_into_runtime_engine_and_tool_parts() -> None:
                   tools=ToolHooks(random_model=random))
     assert new.engine.build_input is build and new.call_options(True) == {"stress": True}
     assert isinstance(new.tools.random_model(None, "cpu"), torch.nn.Linear)
-    with pytest.warns(DeprecationWarning, match=r"build_input=\.\.\., stress_option=\.\.\., random_model=\.\.\..*"
-                      r"Adapter\.engine \(EngineHooks\) and Adapter\.tools \(ToolHooks\)"):
-        old = Adapter(name="split", make_padder=new.make_padder, energy_key="energy", cutoff=new.cutoff,
-                      build_input=build, stress_option="stress", random_model=random)
-    assert old.engine == new.engine and old.tools.random_model is not None and old.make_padder is new.make_padder
-    with pytest.warns(DeprecationWarning, match=r"Adapter\.build_input moved to Adapter\.engine\.build_input"):
-        assert old.build_input is build
+    with pytest.raises(TypeError, match="build_input"):
+        Adapter(name="split", make_padder=new.make_padder, energy_key="energy", cutoff=new.cutoff,
+                engine=new.engine, build_input=build)
+    with pytest.raises(AttributeError, match="build_input"):
+        new.build_input  # noqa: B018
     with pytest.raises(AttributeError, match="no_such_field"):
         new.no_such_field  # noqa: B018
-    with pytest.raises(TypeError, match=r"unknown field\(s\) \['buld_input'\]"):
+    with pytest.raises(TypeError, match="buld_input"):
         Adapter(name="typo", make_padder=new.make_padder, energy_key="energy", cutoff=new.cutoff,
                 engine=new.engine, buld_input=build)
-    with pytest.raises(TypeError, match="needs engine=EngineHooks"):
+    with pytest.raises(TypeError, match="engine"):
         Adapter(name="bare", make_padder=new.make_padder, energy_key="energy", cutoff=new.cutoff)
+    with pytest.raises(TypeError, match="needs engine=EngineHooks"):  # build_input where engine goes
+        Adapter("bare", new.make_padder, "energy", new.cutoff, build)
     assert dataclasses.replace(new, name="again").engine is new.engine  # replace() builds the record again
 
 

@@ -16,7 +16,7 @@ synchronisation), :mod:`._buffers` (persistent buffers, the plan),
 hooks), :mod:`.coo` and :mod:`.dense` (the layouts).
 """
 
-from ._base import PadderBase, _PadderBase
+from ._base import PadderBase
 from ._dead import Fill, FillSpec, Placement
 from ._policies import (
     ATOMS_POLICY,
@@ -43,5 +43,4 @@ __all__ = [
     "PadderBase",
     "Placement",
     "SYSTEMS_POLICY",
-    "_PadderBase",
 ]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -16,18 +15,6 @@ from ._checks import labels_error
 from ._dead import DeadRows, Fill, FillSpec, Placement
 
 __all__ = ["PadderBase"]
-
-# the hooks' names before they were public: a subclass overriding one is
-# mapped onto the new hook, with a DeprecationWarning, for one release
-_RENAMED = {
-    "_count": "count",
-    "_extra_requests": "extra_requests",
-    "_check_fits": "check_fits",
-    "_pad_to": "write_padded",
-    "_unpad_mapping": "unpad_mapping",
-    "_row_counts": "row_counts",
-}
-
 
 class PadderBase:
     """Systems, placement, fills, persistent buffers and ``unpad``: what every
@@ -86,20 +73,6 @@ class PadderBase:
         self._plan: _Plan | None = None
         self._row_cache: tuple[tuple[int, ...], dict[str, int]] | None = None
         self.allocations = 0  # cap-sized buffers allocated so far (steady state: none)
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        own = cls.__dict__
-        for old, new in _RENAMED.items():
-            if old in own and new not in own:
-                warnings.warn(
-                    f"ddpad: {cls.__qualname__} overrides {old}, renamed {new} (a public hook of "
-                    f"ddpad.padding.PadderBase); {old} is used as {new} for one release: rename it",
-                    DeprecationWarning, stacklevel=2,
-                )
-                setattr(cls, new, own[old])
-            elif new in own and old not in own:  # old names (and super() calls on them) reach the new hook
-                setattr(cls, old, own[new])
 
     @property
     def self_loop(self) -> bool:
@@ -326,14 +299,6 @@ class PadderBase:
             unpadded[key] = value
         return unpadded
 
-    # the old names reach the hooks (a subclass's super() call on one too)
-    _count = count
-    _extra_requests = extra_requests
-    _check_fits = check_fits
-    _pad_to = write_padded
-    _row_counts = row_counts
-    _unpad_mapping = unpad_mapping
-
     # -- shared helpers -------------------------------------------------------
 
     def _config(self) -> tuple[dict[str, Any], ...]:
@@ -484,8 +449,6 @@ class PadderBase:
             else:  # the copy writes ptr[s] = n each call: the dead system ends at n_cap
                 plan.ptr_last, plan.ptr_value = rows.buf[s: s + 1], n_cap
 
-
-_PadderBase = PadderBase  # the name before it was public
 
 
 def _rows_per_system(real: Tensor, spec: FillSpec) -> int:
