@@ -331,9 +331,14 @@ class Stats:
     def growth_line(self) -> str:
         """``growth calls: N (atoms 40 -> 56 (2 growths), ...)``: the calls on
         which caps grew (each one compile, however many caps grew on it), then
-        each grown cap's first and last size and how many times it grew."""
-        if not self.growths:  # (the caps may still have changed: fitted to the needs, said so)
-            return "growth calls: 0" + (f" (caps fitted on step {self.fits[0].call}, not grown)" if self.fits else "")
+        each grown cap's first and last size and how many times it grew. With
+        no growth, a fit of the caps (``cap_policy="tight"``) is said: the caps
+        changed, and it compiled, without growing."""
+        if not self.growths:
+            if not self.fits:
+                return "growth calls: 0"
+            return (f"growth calls: 0 (the caps changed once: fitted to the needs seen up to step "
+                    f"{self.fits[0].call}, one compile; no cap grew after)")
         grown: dict[str, list[CapEvent]] = {}
         for event in self.growths:
             grown.setdefault(event.key, []).append(event)
@@ -354,21 +359,27 @@ class Stats:
         return line
 
     def store_line(self) -> str:
-        """The compile store's counts: graphs looked up in it (found + not
-        found), graphs compiled + loaded (from the store + from torch's own
-        cache), then background compiles, warm-ladder rungs and packages."""
-        uncached = f" ({self.graphs_uncached} past torch's caches)" if self.graphs_uncached else ""
+        """The compile store's counts in words: how many of the graphs looked
+        up were in it; what became of the others (compiled, or found in
+        torch's own cache, then written to it); then background compiles,
+        warm-ladder rungs and packages."""
+        uncached = f", {self.graphs_uncached} of them past torch's caches" if self.graphs_uncached else ""
         aot = (f"; ahead-of-time packages: {self.aot_compiled} built in {self.aot_seconds:.1f} s, "
                f"{self.aot_loaded} loaded in {self.aot_load_seconds:.2f} s, {self.aot_checked} checked against "
                f"eager, {self.aot_refused} call form(s) on torch.compile"
                if self.aot_compiled or self.aot_loaded or self.aot_refused else "")
         unused = self.background_started - self.background_used
-        looked_up = self.store_hits + self.store_misses
-        return (f"compile store: {self.store_hits} of {looked_up} graph(s) found in it, {self.store_misses} not "
-                f"(compiled or taken from torch's own cache, then written); graphs: {self.graphs_compiled} "
-                f"compiled{uncached} in {self.compile_seconds:.1f} s, {self.graphs_loaded} loaded in "
-                f"{self.load_seconds:.1f} s ({self.store_loads} from the store, "
-                f"{self.graphs_loaded - self.store_loads} from torch's own cache); background compiles: "
+        looked_up, own = self.store_hits + self.store_misses, self.graphs_loaded - self.store_loads
+        found = f"compile store: found {self.store_hits} of {_count(looked_up, 'graph')} in it"
+        compiled = f"in {self.compile_seconds:.1f} s{uncached}"
+        if self.graphs_compiled and own > 0:  # both: how many each
+            made = f"compiled ({self.graphs_compiled}, {compiled}) or found in torch's own cache ({own})"
+        else:
+            made = f"compiled {compiled}" if self.graphs_compiled else "found in torch's own cache"
+        missing = (f"; the {self.store_misses} not in it {'was' if self.store_misses == 1 else 'were'} {made}, "
+                   "then written to it" if self.store_misses else "")
+        loaded = f"; loading took {self.load_seconds:.1f} s" if self.graphs_loaded else ""
+        return (f"{found}{missing}{loaded}; background compiles: "
                 f"{self.background_started} started, {self.background_used} used"
                 + (f" ({unused} unused: worker CPU time this run did not need)" if unused else "")
                 + (f"; warm ladder: {self.rungs_warmed} rung(s) in {self.warm_seconds:.1f} s, {self.rungs_used} "

@@ -498,20 +498,40 @@ def test_the_summary_says_whether_the_first_calls_were_checked() -> None:
     assert Stats().checks_line(verify=False).startswith("not checked against the eager step (--no-verify)")
 
 
-def test_store_line_counts_add_up() -> None:
-    """It said "1 loaded in 66.5 s (0 hits, 1 misses)": the graph missed the
-    store and came from torch's own cache. Looked-up graphs are found + not
-    found; graphs are compiled + loaded; loaded are from the store + from
-    torch's own cache."""
+def test_store_line_says_what_became_of_each_graph() -> None:
+    """It said "1 loaded in 66.5 s (0 hits, 1 misses)", then "0 of 2
+    graph(s) found in it, 2 not (compiled or taken from torch's own cache,
+    then written)": which of the two, the reader could not tell. Now each
+    graph not in the store is said compiled or found in torch's own cache,
+    and the counts add up (looked up = in it + not; not in it = compiled +
+    from torch's cache)."""
     from ddpad import Stats
 
     line = Stats(graphs=1, graphs_loaded=1, load_seconds=66.5, store_misses=1).store_line()
-    assert line.startswith("compile store: 0 of 1 graph(s) found in it, 1 not (compiled or taken from torch's own "
-                           "cache, then written); graphs: 0 compiled in 0.0 s, 1 loaded in 66.5 s (0 from the "
-                           "store, 1 from torch's own cache); "), line
-    line = Stats(graphs=3, graphs_compiled=1, graphs_loaded=2, store_hits=2, store_misses=1,
-                 store_loads=2).store_line()
-    assert "2 of 3 graph(s) found in it, 1 not" in line and "2 loaded in 0.0 s (2 from the store, 0 from" in line
+    assert line.startswith("compile store: found 0 of 1 graph in it; the 1 not in it was found in torch's own "
+                           "cache, then written to it; loading took 66.5 s; "), line
+    line = Stats(graphs=2, graphs_compiled=2, compile_seconds=30.1, store_misses=2).store_line()
+    assert line.startswith("compile store: found 0 of 2 graphs in it; the 2 not in it were compiled in 30.1 s, "
+                           "then written to it; background"), line
+    line = Stats(graphs=2, graphs_compiled=1, compile_seconds=30.1, graphs_loaded=1, store_misses=2).store_line()
+    assert "the 2 not in it were compiled (1, in 30.1 s) or found in torch's own cache (1), then" in line
+    line = Stats(graphs=3, graphs_compiled=1, compile_seconds=3.0, graphs_loaded=2, load_seconds=1.5, store_hits=2,
+                 store_misses=1, store_loads=2).store_line()
+    assert line.startswith("compile store: found 2 of 3 graphs in it; the 1 not in it was compiled in 3.0 s, "
+                           "then written to it; loading took 1.5 s; "), line
+
+
+def test_the_readme_names_the_step_a_run_fits_its_caps_on() -> None:
+    """The README said the run fits its caps "ten steps in", and the run
+    printed "caps fitted on step 9": the first call is step 0, so the tenth
+    call (the default ``TightPolicy().settle``) is step 9. The README now
+    quotes the summary's step."""
+    from ddpad import CapEvent, Stats, TightPolicy
+
+    readme = " ".join((pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    quoted = re.findall(r'"caps fitted on step (\d+)" in the summary', readme)
+    assert quoted == [str(TightPolicy().settle - 1)], quoted
+    assert f"caps fitted on step {quoted[0]} (" in Stats(fits=[CapEvent(9, "atoms", 80, 65, 64, 64)]).fill_line("tight")
 
 
 def test_first_call_says_what_it_compiled_or_loaded() -> None:
@@ -538,9 +558,11 @@ def test_growths_are_counted_in_calls_with_the_caps_that_grew() -> None:
                            CapEvent(9, "edges", 704, 912, 800, 800)])
     assert stats.growth_line() == "growth calls: 2 (atoms 32 -> 48, edges 512 -> 912 (2 growths))"
     assert Stats().growth_line() == "growth calls: 0"
-    # caps that changed by a fit, not a growth, are said (before: "growth calls: 0" alone)
+    # caps that changed by a fit, not a growth, are said (before: "growth calls: 0" alone, then
+    # "(caps fitted on step 9, not grown)", which left the second compiled graph unexplained)
     fitted = Stats(fits=[CapEvent(9, "atoms", 80, 65, 64, 64)])
-    assert fitted.growth_line() == "growth calls: 0 (caps fitted on step 9, not grown)"
+    assert fitted.growth_line() == ("growth calls: 0 (the caps changed once: fitted to the needs seen up to step 9, "
+                                    "one compile; no cap grew after)")
 
 
 def test_main_restores_warning_filters_format_and_logging(capsys: pytest.CaptureFixture[str]) -> None:
