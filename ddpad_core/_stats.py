@@ -328,36 +328,6 @@ class Stats:
         """The counts :meth:`work` describes, as they are now."""
         return {name: getattr(self, name) for name in _WORK}
 
-    def growth_line(self) -> str:
-        """``growth calls: N (atoms 40 -> 56 (2 growths), ...)``: the calls on
-        which caps grew (each one compile, however many caps grew on it), then
-        each grown cap's first and last size and how many times it grew. With
-        no growth, a fit of the caps (``cap_policy="tight"``) is said: the caps
-        changed, and it compiled, without growing."""
-        if not self.growths:
-            if not self.fits:
-                return "growth calls: 0"
-            return (f"growth calls: 0 (the caps changed once: fitted to the needs seen up to step "
-                    f"{self.fits[0].call}, one compile; no cap grew after)")
-        grown: dict[str, list[CapEvent]] = {}
-        for event in self.growths:
-            grown.setdefault(event.key, []).append(event)
-        caps = ", ".join(f"{key} {events[0].old} -> {events[-1].new}"
-                         + (f" ({len(events)} growths)" if len(events) > 1 else "") for key, events in grown.items())
-        return f"growth calls: {self.growth_calls} ({caps})"
-
-    def fill_line(self, policy: str) -> str:
-        """``fill (tight, ...): atoms 0.990 (cap 516), ...``: real rows over the
-        cap, the mean over the calls since the caps last changed, and the call
-        that fitted them (``policy``: the cap policy's name, said first)."""
-        fill = self.mean_fill
-        line = f"fill ({policy}, mean since the caps last changed): " + ", ".join(
-            f"{k} {fill[k]:.3f} (cap {self.caps[k]})" for k in sorted(fill))
-        if self.fits:
-            changed = ", ".join(f"{e.key} {e.old} -> {e.new}" for e in self.fits)
-            line += f"; caps fitted on step {self.fits[0].call} ({changed})"
-        return line
-
     def store_line(self) -> str:
         """The compile store's counts in words: how many of the graphs looked
         up were in it; what became of the others (compiled, or found in
@@ -384,18 +354,6 @@ class Stats:
                 + (f" ({unused} unused: worker CPU time this run did not need)" if unused else "")
                 + (f"; warm ladder: {self.rungs_warmed} rung(s) in {self.warm_seconds:.1f} s, {self.rungs_used} "
                    "growth(s) took one" if self.rungs_warmed else "") + aot)
-
-    def checks_line(self, verify: bool = True) -> str:
-        """What the first-use checks found, or (``verify`` False) that none ran."""
-        if not verify:
-            return "not checked against the eager step (--no-verify): the compiled graphs' numbers are as compiled"
-        line = (f"checked against the eager step: {self.checks} compiled graph(s) on their first call, "
-                f"{self.disagreements} disagreed ({self.check_seconds:.2f} s)")
-        if self.eager_forms:
-            line += f" ({self.eager_forms} caps / call form(s) run eager: see the warnings above)"
-        if self.dead_nonfinite:
-            line += f" ({self.dead_nonfinite} with NaN or inf in dead rows: see the warning above)"
-        return line
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready summary."""

@@ -19,6 +19,7 @@ pytest.importorskip("ddpad_toy_plugin", reason="tests/plugin_pkg not installed (
 
 from _cli import ddpad
 from ddpad import cli
+from ddpad.cli._report import checks_line, fill_line, growth_line
 
 
 def errors(res: subprocess.CompletedProcess[str]) -> list[str]:
@@ -493,9 +494,9 @@ def test_the_summary_says_whether_the_first_calls_were_checked() -> None:
     from ddpad import Stats
 
     stats = Stats(checks=2, disagreements=1, check_seconds=0.5, eager_forms=1)
-    assert stats.checks_line().startswith("checked against the eager step: 2 compiled graph(s) on their "
+    assert checks_line(stats).startswith("checked against the eager step: 2 compiled graph(s) on their "
                                           "first call, 1 disagreed (0.50 s)")
-    assert Stats().checks_line(verify=False).startswith("not checked against the eager step (--no-verify)")
+    assert checks_line(Stats(), verify=False).startswith("not checked against the eager step (--no-verify)")
 
 
 def test_store_line_says_what_became_of_each_graph() -> None:
@@ -531,7 +532,7 @@ def test_the_readme_names_the_step_a_run_fits_its_caps_on() -> None:
     readme = " ".join((pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text().split())
     quoted = re.findall(r'"caps fitted on step (\d+)" in the summary', readme)
     assert quoted == [str(TightPolicy().settle - 1)], quoted
-    assert f"caps fitted on step {quoted[0]} (" in Stats(fits=[CapEvent(9, "atoms", 80, 65, 64, 64)]).fill_line("tight")
+    assert f"caps fitted on step {quoted[0]} (" in fill_line(Stats(fits=[CapEvent(9, "atoms", 80, 65, 64, 64)]), "tight")
 
 
 def test_first_call_says_what_it_compiled_or_loaded() -> None:
@@ -556,12 +557,12 @@ def test_growths_are_counted_in_calls_with_the_caps_that_grew() -> None:
 
     stats = Stats(growths=[CapEvent(3, "atoms", 32, 48, 40, 40), CapEvent(3, "edges", 512, 704, 600, 600),
                            CapEvent(9, "edges", 704, 912, 800, 800)])
-    assert stats.growth_line() == "growth calls: 2 (atoms 32 -> 48, edges 512 -> 912 (2 growths))"
-    assert Stats().growth_line() == "growth calls: 0"
+    assert growth_line(stats) == "growth calls: 2 (atoms 32 -> 48, edges 512 -> 912 (2 growths))"
+    assert growth_line(Stats()) == "growth calls: 0"
     # caps that changed by a fit, not a growth, are said (before: "growth calls: 0" alone, then
     # "(caps fitted on step 9, not grown)", which left the second compiled graph unexplained)
     fitted = Stats(fits=[CapEvent(9, "atoms", 80, 65, 64, 64)])
-    assert fitted.growth_line() == ("growth calls: 0 (the caps changed once: fitted to the needs seen up to step 9, "
+    assert growth_line(fitted) == ("growth calls: 0 (the caps changed once: fitted to the needs seen up to step 9, "
                                     "one compile; no cap grew after)")
 
 

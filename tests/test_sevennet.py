@@ -31,6 +31,7 @@ import ddpad.adapters as adapters  # noqa: E402
 from ase.build import bulk, molecule  # noqa: E402
 from ddpad.adapters import sevennet as sevennet_adapter  # noqa: E402
 from ddpad.adapters.sevennet import make_padder  # noqa: E402
+from ddpad.cli._report import checks_line  # noqa: E402
 from ddpad.testing import AdapterTests  # noqa: E402
 
 CUTOFF = 4.0
@@ -518,5 +519,5 @@ def test_sevennet0_compiled_by_inductor_exact_and_stable_in_nve() -> None:
     ours, theirs = drift(calc), drift(native)
     assert ours <= 2 * theirs + 1e-4, f"NVE drift {ours:.3g} eV, sevenn's own {theirs:.3g} eV"
     stats = calc.wrapped.stats
-    assert stats.eager_forms == 0 and stats.dead_nonfinite == 0 and stats.checks >= 1, stats.checks_line()
+    assert stats.eager_forms == 0 and stats.dead_nonfinite == 0 and stats.checks >= 1, checks_line(stats)
     check_compiles(stats)

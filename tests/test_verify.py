@@ -16,6 +16,7 @@ from _miscompiling import OFF, miscompiling
 from _mpnn import MPNN, trajectory
 from ddpad import PaddedModel
 from ddpad._verify import disagreement, nonfinite
+from ddpad.cli._report import checks_line
 from test_runtime import SeamModel, assert_same, compile_core, padded_model, padder
 
 def _reference(model: torch.nn.Module, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -267,7 +268,7 @@ def test_nan_in_dead_rows_is_a_padding_defect_not_a_compiler_bug(caplog: pytest.
     assert len(lines) == 1, lines
     assert "dead rows only (['node_energy'])" in lines[0] and "not a compiler bug" in lines[0]
     assert "report it to PyTorch" not in lines[0]
-    assert "with NaN or inf in dead rows" in s.checks_line()
+    assert "with NaN or inf in dead rows" in checks_line(s)
 
 
 def test_nan_in_a_real_row_is_an_error_naming_the_output() -> None:

@@ -34,6 +34,7 @@ from ._common import (
     _system,
     _verbose_option,
 )
+from ._report import checks_line, fill_line, growth_line
 
 
 # -- what the user sees while it runs -------------------------------------------
@@ -243,14 +244,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"{progress.all_steps} step(s) that compiled nothing" if progress.all_steps else "every step compiled")
     compiling = "" if args.no_compile else f"{progress.compiling:.1f} s compiling or loading (the first call included), "
     print(f"{args.steps} steps in {elapsed:.1f} s: {compiling}{stepping}")
-    print(f"compiled graphs: {stats.graphs}; {stats.growth_line()}; "
+    print(f"compiled graphs: {stats.graphs}; {growth_line(stats)}; "
           f"unexplained recompiles: {len(stats.unexplained)}")
     if stats.store_hits or stats.store_misses or stats.rungs_warmed or stats.aot_compiled or stats.aot_loaded \
             or stats.aot_refused or stats.background_started:  # not every backend stores
         print(stats.store_line())
     if not args.no_compile:
-        print(stats.checks_line(getattr(args, "verify", True)))
-    print(stats.fill_line(args.cap_policy))
+        print(checks_line(stats, getattr(args, "verify", True)))
+    print(fill_line(stats, args.cap_policy))
     _save_caps(wrapped, caps_path)
     print(f"caps written to {caps_path} "
           + ("(the next run of this model on this system starts from them)" if cached

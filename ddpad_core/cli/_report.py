@@ -1,0 +1,57 @@
+"""The run summary's lines: what ``ddpad run`` prints of a wrapped model's
+:class:`~ddpad.Stats` after its steps. ``Stats`` keeps the counters; how
+they read to a user is the command line's."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ddpad import CapEvent, Stats
+
+__all__ = ["checks_line", "fill_line", "growth_line"]
+
+
+def growth_line(stats: Stats) -> str:
+    """``growth calls: N (atoms 40 -> 56 (2 growths), ...)``: the calls on
+    which caps grew (each one compile, however many caps grew on it), then
+    each grown cap's first and last size and how many times it grew. With
+    no growth, a fit of the caps (``cap_policy="tight"``) is said: the caps
+    changed, and it compiled, without growing."""
+    if not stats.growths:
+        if not stats.fits:
+            return "growth calls: 0"
+        return (f"growth calls: 0 (the caps changed once: fitted to the needs seen up to step "
+                f"{stats.fits[0].call}, one compile; no cap grew after)")
+    grown: dict[str, list[CapEvent]] = {}
+    for event in stats.growths:
+        grown.setdefault(event.key, []).append(event)
+    caps = ", ".join(f"{key} {events[0].old} -> {events[-1].new}"
+                     + (f" ({len(events)} growths)" if len(events) > 1 else "") for key, events in grown.items())
+    return f"growth calls: {stats.growth_calls} ({caps})"
+
+
+def fill_line(stats: Stats, policy: str) -> str:
+    """``fill (tight, ...): atoms 0.990 (cap 516), ...``: real rows over the
+    cap, the mean over the calls since the caps last changed, and the call
+    that fitted them (``policy``: the cap policy's name, said first)."""
+    fill = stats.mean_fill
+    line = f"fill ({policy}, mean since the caps last changed): " + ", ".join(
+        f"{k} {fill[k]:.3f} (cap {stats.caps[k]})" for k in sorted(fill))
+    if stats.fits:
+        changed = ", ".join(f"{e.key} {e.old} -> {e.new}" for e in stats.fits)
+        line += f"; caps fitted on step {stats.fits[0].call} ({changed})"
+    return line
+
+
+def checks_line(stats: Stats, verify: bool = True) -> str:
+    """What the first-use checks found, or (``verify`` False) that none ran."""
+    if not verify:
+        return "not checked against the eager step (--no-verify): the compiled graphs' numbers are as compiled"
+    line = (f"checked against the eager step: {stats.checks} compiled graph(s) on their first call, "
+            f"{stats.disagreements} disagreed ({stats.check_seconds:.2f} s)")
+    if stats.eager_forms:
+        line += f" ({stats.eager_forms} caps / call form(s) run eager: see the warnings above)"
+    if stats.dead_nonfinite:
+        line += f" ({stats.dead_nonfinite} with NaN or inf in dead rows: see the warning above)"
+    return line
