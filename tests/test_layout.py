@@ -244,3 +244,46 @@ def test_the_shim_check_catches_one(tmp_path: pathlib.Path) -> None:
     shim.write_text('import warnings\n\ndef old():\n    """.. deprecated:: use new"""\n'
                     '    warnings.warn("old is new", DeprecationWarning, stacklevel=2)\n')
     assert _deprecations(shim) == ["shim.py:4", "shim.py:5"]
+
+
+# functions of ddpad_core/ and adapters/ may run to MAX_LINES lines of code (the
+# docstring aside); these stay whole, and why
+MAX_LINES = 60
+LONG_FUNCTIONS = {
+    "_padded.py:_forward": "the call path of every step, in one frame: split, the steady call pays a call per "
+                           "part (its cost is measured, architecture.md)",
+    "cli/_bench.py:add_parser": "a flat list of the bench command's argparse options",
+    "_padders/coo.py:__init__": "one keyword per field name, layout, policy and key (SPEC section 6: each is "
+                                "configuration), each checked and stored",
+    "_bench/engines.py:_lammps": "two LAMMPS input decks written inline, one per stepper",
+}
+
+
+def _code_lines(path: pathlib.Path) -> dict[str, int]:
+    """Each function's lines from its ``def`` to its end, its docstring aside."""
+    lengths = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = node.body[0] if isinstance(node.body[0], ast.Expr) and isinstance(
+                getattr(node.body[0], "value", None), ast.Constant) and isinstance(node.body[0].value.value, str) else None
+            skipped = doc.end_lineno - doc.lineno + 1 if doc is not None else 0
+            lengths[node.name] = max(lengths.get(node.name, 0), node.end_lineno - node.lineno + 1 - skipped)
+    return lengths
+
+
+def test_no_function_is_over_60_lines() -> None:
+    long = {}
+    for root in (CORE, ADAPTERS):
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            long |= {f"{rel}:{name}": n for name, n in _code_lines(path).items() if n > MAX_LINES}
+    unexplained = {name: n for name, n in long.items() if name not in LONG_FUNCTIONS}
+    assert not unexplained, f"functions over {MAX_LINES} lines: {unexplained} (split them, or say why in LONG_FUNCTIONS)"
+    stale = sorted(set(LONG_FUNCTIONS) - set(long))
+    assert not stale, f"LONG_FUNCTIONS names functions no longer over {MAX_LINES} lines: {stale}"
+
+
+def test_the_length_check_reads_code_not_docstrings(tmp_path: pathlib.Path) -> None:
+    code = tmp_path / "f.py"
+    code.write_text('def f():\n    """one\n    two\n    """\n    a = 1\n    return a\n')
+    assert _code_lines(code) == {"f": 3}

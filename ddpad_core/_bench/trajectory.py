@@ -128,47 +128,11 @@ def run_bench(
     for index, name in enumerate(variants, start=1):
         if on_variant is not None:
             on_variant(name, index, len(variants), None)
-        stats = Stats()
-        variant_inputs = inputs
-        if name == "eager":
-            def step(data: Any) -> Any:
-                return adapter.reference(model, data, **kwargs)
-        elif name == "native-padding":  # the package's own padding, compiled statically
-            native = adapter.tools.native_padding(model)
-            variant_inputs = [native(s) for s in structures]
-            unpadded = UnpaddedCompiled(model, adapter, backend=backend, dynamic=False)
-            stats = unpadded.stats
-
-            def step(data: Any, unpadded: UnpaddedCompiled = unpadded) -> Any:
-                return unpadded(data, **kwargs)
-        elif name in ("ddpad", "ddpad-tight"):  # the padders' own head room / cap_policy="tight"
-            policy = "tight" if name == "ddpad-tight" else "headroom"
-            wrapped = wrap(model, adapter, backend=backend, on_recompile="ignore", cap_policy=policy)
-            stats = wrapped.stats
-
-            def step(data: Any, wrapped: Any = wrapped) -> Any:
-                return wrapped(data, **kwargs)
-        else:
-            dynamic = {"compile-static": False, "compile-dynamic": True, "compile-default": None}[name]
-            unpadded = UnpaddedCompiled(model, adapter, backend=backend, dynamic=dynamic)
-            stats = unpadded.stats
-
-            def step(data: Any, unpadded: UnpaddedCompiled = unpadded) -> Any:
-                return unpadded(data, **kwargs)
+        step, variant_inputs, stats = _variant(name, adapter, model, structures, inputs, backend, kwargs)
         results[name] = _timed(step, variant_inputs, stats, device, advance_calls=name == "eager")
         if on_variant is not None:
             on_variant(name, index, len(variants), results[name])
-    ratios = {}
-    if "ddpad" in results:
-        ours = results["ddpad"]
-        for name, res in results.items():
-            if name == "ddpad":
-                continue
-            steady = (
-                res["steady_median_s"] / ours["steady_median_s"]
-                if res["steady_median_s"] and ours["steady_median_s"] else None
-            )
-            ratios[name] = {"total": res["total_s"] / ours["total_s"], "steady": steady}
+    ratios = _ratios(results)
     return {
         "adapter": adapter.name,
         "device": str(device),
@@ -180,6 +144,43 @@ def run_bench(
         "variants": results,
         "ddpad_speedup": ratios,
     }
+
+
+def _variant(name: str, adapter: Any, model: torch.nn.Module, structures: list[Any], inputs: list[Any],
+             backend: str, kwargs: dict[str, Any]) -> tuple[Callable[[Any], Any], list[Any], Stats]:
+    """One variant's step, the inputs it takes and the stats it counts into."""
+    if name == "eager":
+        def step(data: Any) -> Any:
+            return adapter.reference(model, data, **kwargs)
+
+        return step, inputs, Stats()
+    if name in ("ddpad", "ddpad-tight"):  # the padders' own head room / cap_policy="tight"
+        policy = "tight" if name == "ddpad-tight" else "headroom"
+        wrapped = wrap(model, adapter, backend=backend, on_recompile="ignore", cap_policy=policy)
+        return (lambda data: wrapped(data, **kwargs)), inputs, wrapped.stats
+    if name == "native-padding":  # the package's own padding, compiled statically
+        native = adapter.tools.native_padding(model)
+        inputs = [native(s) for s in structures]
+        unpadded = UnpaddedCompiled(model, adapter, backend=backend, dynamic=False)
+    else:
+        dynamic = {"compile-static": False, "compile-dynamic": True, "compile-default": None}[name]
+        unpadded = UnpaddedCompiled(model, adapter, backend=backend, dynamic=dynamic)
+    return (lambda data: unpadded(data, **kwargs)), inputs, unpadded.stats
+
+
+def _ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Each variant's total and steady time over ddpad's (none without ddpad)."""
+    ratios: dict[str, dict[str, float | None]] = {}
+    ours = results.get("ddpad")
+    if ours is None:
+        return ratios
+    for name, res in results.items():
+        if name == "ddpad":
+            continue
+        steady = (res["steady_median_s"] / ours["steady_median_s"]
+                  if res["steady_median_s"] and ours["steady_median_s"] else None)
+        ratios[name] = {"total": res["total_s"] / ours["total_s"], "steady": steady}
+    return ratios
 
 
 def figure(result: dict[str, Any]) -> Any:

@@ -165,7 +165,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.overhead:  # a core install (torch only) runs it: no _bench, no numpy
         return _bench_overhead(args)
     from .._bench.trajectory import VARIANTS, fluctuating_trajectory, plot, run_bench
-    from .._stats import lowest_fill
 
     if args.adapter is None:
         raise CliError("ddpad bench needs an adapter name (see 'ddpad list'), or --overhead")
@@ -176,24 +175,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.engines:
         return _bench_engines(args)
     adapter = _adapter(args.adapter, args.verbose)
-    if args.steps < 2:
-        raise CliError(f"--steps must be >= 2, got {args.steps}")
-    if not 0.0 <= args.rate <= 1.0:
-        raise CliError(f"--rate must be in [0, 1], got {args.rate}")
-    if args.rattle < 0:
-        raise CliError(f"--rattle must be >= 0, got {args.rattle}")
-    if args.repeat < 1:
-        raise CliError(f"--repeat must be >= 1, got {args.repeat}")
-    variants = tuple(args.variants.split(",")) if args.variants else VARIANTS
-    bad = sorted(set(variants) - set(VARIANTS))
-    if bad:
-        raise CliError(f"unknown variants {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise CliError("ddpad bench plots with matplotlib: pip install matplotlib") from None
-    for path, option in ((args.out, "--out"), (args.plot, "--plot")):
-        _output_path(path, option)
+    variants = _trajectory_options(args, VARIANTS)
     device, base, model, what = _bench_system(adapter, args)
     structures = fluctuating_trajectory(base, args.steps, args.rattle, args.rate, seed=args.seed)
     print(f"ddpad bench {adapter.name}: {len(base)} atoms (+-{args.rate} insert/delete per step, "
@@ -215,6 +197,42 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     result = run_bench(adapter, model, structures, backend=args.backend, variants=variants, on_variant=report)
     result.update(model=what, seed=args.seed, rattle=args.rattle, rate=args.rate, threads=_threads())
+    _print_variants(result)
+    with open(args.out, "w", encoding="utf-8") as fh:
+        json.dump(result, fh, indent=2)
+    plot(result, args.plot)
+    print(f"wrote {args.out} and {args.plot}")
+    return 0
+
+
+def _trajectory_options(args: argparse.Namespace, known: tuple[str, ...]) -> tuple[str, ...]:
+    """The trajectory benchmark's options checked (each a :class:`CliError`),
+    matplotlib there, the outputs writable: the variants to run."""
+    if args.steps < 2:
+        raise CliError(f"--steps must be >= 2, got {args.steps}")
+    if not 0.0 <= args.rate <= 1.0:
+        raise CliError(f"--rate must be in [0, 1], got {args.rate}")
+    if args.rattle < 0:
+        raise CliError(f"--rattle must be >= 0, got {args.rattle}")
+    if args.repeat < 1:
+        raise CliError(f"--repeat must be >= 1, got {args.repeat}")
+    variants = tuple(args.variants.split(",")) if args.variants else known
+    bad = sorted(set(variants) - set(known))
+    if bad:
+        raise CliError(f"unknown variants {', '.join(bad)}; choose from {', '.join(known)}")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CliError("ddpad bench plots with matplotlib: pip install matplotlib") from None
+    for path, option in ((args.out, "--out"), (args.plot, "--plot")):
+        _output_path(path, option)
+    return variants
+
+
+def _print_variants(result: dict[str, Any]) -> None:
+    """The trajectory benchmark's table, one row per variant."""
+    from .._stats import lowest_fill
+
     print(f"{'variant':<16} {'total s':>9} {'compile s':>10} {'median ms':>10} {'graphs':>7} {'recomp':>7} "
           f"{'growths':>7} {'slowest x med':>13} {'fill':>6} {'ddpad faster by':>16}")
     for name, res in result["variants"].items():
@@ -228,11 +246,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"{(f'{ratio:.2f}x' if ratio else '-'):>16}")
     print("growths: calls that grew or fitted caps; fill: the lowest key's real rows / cap (mean since the caps "
           "last changed); ddpad faster by: this variant's total time / ddpad's (below 1: this variant was faster)")
-    with open(args.out, "w", encoding="utf-8") as fh:
-        json.dump(result, fh, indent=2)
-    plot(result, args.plot)
-    print(f"wrote {args.out} and {args.plot}")
-    return 0
 
 
 def add_parser(sub: Any) -> None:

@@ -158,19 +158,7 @@ def _langevin(atoms: Any) -> Any:
 def cmd_run(args: argparse.Namespace) -> int:
     """Langevin MD (300 K) under ASE with the adapter's fixed-shape model."""
     adapter = _adapter(args.adapter, args.verbose)
-    if args.steps < 1:
-        raise CliError(f"--steps must be >= 1, got {args.steps}")
-    if args.traj_every < 1:
-        raise CliError(f"--traj-every must be >= 1, got {args.traj_every}")
-    if args.warm_ladder < 0 or (args.warm_ladder and args.no_compile):
-        raise CliError(f"--warm-ladder takes a number of rungs >= 0 and needs compiling, got {args.warm_ladder}"
-                       + (" with --no-compile" if args.no_compile else ""))
-    if args.caps is not None and not os.path.exists(args.caps) and not args.caps.endswith(".json"):
-        raise CliError(f"caps file {args.caps!r} does not exist (and is not a .json path to write)")
-    if args.no_caps and args.caps is not None:
-        raise CliError("--no-caps (start from the system's own caps) and --caps FILE (start from FILE): give one")
-    for path, option in ((args.caps, "--caps"), (args.traj, "--traj"), (args.json, "--json")):
-        _output_path(path, option)
+    _check_options(args)
     device = _device(args.device)
     dtype = _dtype(adapter, args.dtype)
     caps_in = _load_caps(args.caps, adapter.name)  # checked (adapter included) before anything is announced
@@ -198,9 +186,49 @@ def cmd_run(args: argparse.Namespace) -> int:
                       **compile_kwargs)
     wrapped = calc.wrapped
     assert wrapped is not None
+    atoms.calc = calc
+    first, elapsed, progress = _steps(args, adapter.name, atoms, wrapped, caps_path)
+    _summary(args, wrapped.stats, progress, elapsed)
+    _save_caps(wrapped, caps_path)
+    print(f"caps written to {caps_path} "
+          + ("(the next run of this model on this system starts from them)" if cached
+             else f"(pass --caps {caps_path} to start warm)"))
+    if args.traj:
+        print(f"trajectory written to {args.traj}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"adapter": adapter.name, "atoms": len(atoms), "steps": args.steps, "seconds": elapsed,
+                       "first_call_seconds": first, "model": what, "device": device, "caps_file": caps_path,
+                       "growth_calls": wrapped.stats.growth_calls, **wrapped.stats.as_dict()}, fh, indent=2)
+    return 0
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """``ddpad run``'s options that contradict each other or are out of range,
+    each a :class:`CliError`; the output paths writable."""
+    if args.steps < 1:
+        raise CliError(f"--steps must be >= 1, got {args.steps}")
+    if args.traj_every < 1:
+        raise CliError(f"--traj-every must be >= 1, got {args.traj_every}")
+    if args.warm_ladder < 0 or (args.warm_ladder and args.no_compile):
+        raise CliError(f"--warm-ladder takes a number of rungs >= 0 and needs compiling, got {args.warm_ladder}"
+                       + (" with --no-compile" if args.no_compile else ""))
+    if args.caps is not None and not os.path.exists(args.caps) and not args.caps.endswith(".json"):
+        raise CliError(f"caps file {args.caps!r} does not exist (and is not a .json path to write)")
+    if args.no_caps and args.caps is not None:
+        raise CliError("--no-caps (start from the system's own caps) and --caps FILE (start from FILE): give one")
+    for path, option in ((args.caps, "--caps"), (args.traj, "--traj"), (args.json, "--json")):
+        _output_path(path, option)
+
+
+def _steps(
+    args: argparse.Namespace, name: str, atoms: Any, wrapped: Any, caps_path: str
+) -> tuple[float, float, _Progress]:
+    """The first call (step 0), then ``args.steps`` Langevin steps, with the
+    progress line and the compile announcements: the first call's seconds,
+    all the steps' seconds and the progress (its compile-free steps)."""
     stats = wrapped.stats
     progress = _Progress(args.steps, lambda: stats.graphs + stats.aot_compiled + stats.aot_loaded)
-    atoms.calc = calc
     dyn = _langevin(atoms)
 
     def tick() -> None:
@@ -210,7 +238,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     dyn.attach(tick, interval=1)
     writer = None
     started = time.perf_counter()
-    with _announcing(adapter.name, progress):
+    with _announcing(name, progress):
         try:
             try:
                 atoms.get_potential_energy()  # step 0: the first compile
@@ -239,7 +267,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             wrapped.close()  # background compiles
             if writer is not None:
                 writer.close()
-    elapsed = ran - started
+    return first, ran - started, progress
+
+
+def _summary(args: argparse.Namespace, stats: Any, progress: _Progress, elapsed: float) -> None:
+    """The run's summary: speed, graphs and growths, the store, the checks, the fill."""
     stepping = (f"{progress.all_steps / max(progress.all_seconds, 1e-9):.2f} steps/s on the "
                 f"{progress.all_steps} step(s) that compiled nothing" if progress.all_steps else "every step compiled")
     compiling = "" if args.no_compile else f"{progress.compiling:.1f} s compiling or loading (the first call included), "
@@ -252,18 +284,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.no_compile:
         print(checks_line(stats, getattr(args, "verify", True)))
     print(fill_line(stats, args.cap_policy))
-    _save_caps(wrapped, caps_path)
-    print(f"caps written to {caps_path} "
-          + ("(the next run of this model on this system starts from them)" if cached
-             else f"(pass --caps {caps_path} to start warm)"))
-    if args.traj:
-        print(f"trajectory written to {args.traj}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"adapter": adapter.name, "atoms": len(atoms), "steps": args.steps, "seconds": elapsed,
-                       "first_call_seconds": first, "model": what, "device": device, "caps_file": caps_path,
-                       "growth_calls": stats.growth_calls, **stats.as_dict()}, fh, indent=2)
-    return 0
 
 
 def _finish_builds(wrapped: Any) -> None:
