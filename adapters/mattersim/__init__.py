@@ -90,13 +90,10 @@ Tested with mattersim 1.2.3.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import functools
-import os
-import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -105,6 +102,8 @@ from ddpad.padding import COOPadder, CapPolicy, Composition, Fill, NeighborList,
 from ddpad.adapters import EngineHooks, ToolHooks
 from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon
 from torch import Tensor
+
+from ._models import ase_calculator, load_model, m3gnet_of, random_model, torchsim_model
 
 __all__ = [
     "ADAPTER", "MatterSimForward", "MatterSimPadder", "build_input", "default_system", "evaluate", "load_model",
@@ -122,19 +121,9 @@ TRIPLET_FIELDS = ("three_body_indices", "bond_index_bias", "three_body_edge_map"
 _TRIPLETS = CapPolicy(initial_factor=1.5, grow_factor=1.30, stride=64)
 
 
-def _m3gnet(model: torch.nn.Module) -> torch.nn.Module:
-    """The M3GNet inside a mattersim ``Potential`` (or inside :class:`MatterSimForward`)."""
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "model_args") or not hasattr(inner, "graph_conv"):
-        raise TypeError(
-            f"the mattersim adapter takes a mattersim Potential (M3GNet), got {type(model).__name__}"
-        )
-    return inner
-
-
 def _cutoff(model: torch.nn.Module) -> float:
     """The two-body cutoff (the three-body cutoff is never larger)."""
-    args = _m3gnet(model).model_args
+    args = m3gnet_of(model).model_args
     return float(max(args["cutoff"], args["threebody_cutoff"]))
 
 
@@ -289,7 +278,7 @@ class MatterSimForward(torch.nn.Module):
 
     def __init__(self, potential: torch.nn.Module) -> None:
         super().__init__()
-        self.model = copy.deepcopy(_m3gnet(potential)).eval()
+        self.model = copy.deepcopy(m3gnet_of(potential)).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
 
@@ -395,7 +384,7 @@ def build_input(model: torch.nn.Module, atoms: Any, *, device: str | torch.devic
     structures = list(atoms) if isinstance(atoms, (list, tuple)) else [atoms]
     if not structures:
         raise ValueError("build_input needs at least one structure")
-    m3gnet = _m3gnet(model)
+    m3gnet = m3gnet_of(model)
     max_z = int(m3gnet.max_z)
     for i, a in enumerate(structures):
         if len(a) == 0:
@@ -429,7 +418,7 @@ def tensor_input(model: torch.nn.Module) -> Any:
     the device. Per composition the species and counts; per step the
     neighbour list and the triplets (their number is read from the device:
     it sizes them)."""
-    m3gnet = _m3gnet(model)
+    m3gnet = m3gnet_of(model)
     args = m3gnet.model_args
     cutoff, three_body = float(args["cutoff"]), float(args["threebody_cutoff"])
     known = frozenset(range(1, int(m3gnet.max_z) + 1))
@@ -507,129 +496,6 @@ def _three_body(edge_index: Tensor, within: Tensor, system: Tensor, n_systems: i
     }
 
 
-@contextlib.contextmanager
-def _mattersim_globals() -> Iterator[None]:
-    """mattersim's ``Potential`` sets ``torch.backends.cuda.matmul.allow_tf32``
-    globally when built: restored after."""
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-
-
-def random_model(
-    dtype: torch.dtype | None = None, device: str = "cpu", *, cutoff: float = 5.0, threebody_cutoff: float = 4.0,
-    num_blocks: int = 2, units: int = 32, max_n: int = 4, max_l: int = 4, max_z: int = 94, seed: int = 0,
-) -> torch.nn.Module:
-    """A small randomly initialised mattersim ``Potential`` (M3GNet) from
-    mattersim's own classes, in evaluation mode.
-
-    mattersim's energy normaliser starts with per-species shift 0 and scale
-    1: both are randomised (a dead atom joined to a real system would leak
-    its shift), and so are the biases (``normal(0, 0.5)``) and the atom
-    embedding (``normal(0, 1)`` instead of mattersim's ``uniform(-0.05,
-    0.05)``, which leaves a random model's forces near 1e-3 eV/A). mattersim runs in float32 only (it casts to ``.float()``
-    inside ``forward``).
-    """
-    if dtype not in (None, torch.float32):
-        raise ValueError(f"mattersim is float32 only (its M3GNet casts to float32 inside forward); got {dtype}")
-    from mattersim.forcefield.m3gnet.m3gnet import M3Gnet
-    from mattersim.forcefield.potential import Potential
-
-    torch.manual_seed(seed)
-    with _mattersim_globals():
-        m3gnet = M3Gnet(
-            num_blocks=num_blocks, units=units, max_l=max_l, max_n=max_n, cutoff=cutoff, max_z=max_z,
-            threebody_cutoff=threebody_cutoff, device=device,
-        )
-        with torch.no_grad():
-            for p in m3gnet.parameters():
-                if p.dim() == 1:  # biases
-                    p.normal_(0.0, 0.5)
-            # mattersim's +-0.05 embedding makes a random model's forces ~1e-3 eV/A
-            m3gnet.atom_embedding.mlp[0].linear.weight.normal_(0.0, 1.0)
-            m3gnet.normalizer.shift.normal_(0.0, 1.0)  # mattersim: 0 (a leak of a dead atom's shift would hide)
-            m3gnet.normalizer.scale.uniform_(0.5, 2.0)  # mattersim: 1
-        potential = Potential(m3gnet.to(device), device=device)
-    return _inference(potential)
-
-
-def _inference(potential: torch.nn.Module) -> torch.nn.Module:
-    potential.eval()
-    for p in potential.parameters():  # inference: no parameter gradients
-        p.requires_grad_(False)
-    ema = getattr(potential, "ema", None)
-    if ema is not None and type(ema) is _ema_class().__base__:
-        # a background build's worker gets the model pickled; torch_ema's EMA
-        # holds weak references, which do not pickle (the same EMA, same state)
-        ema.__class__ = _ema_class()
-    return potential
-
-
-@functools.cache
-def _ema_class() -> type:
-    """torch_ema's ``ExponentialMovingAverage`` that pickles (the class the
-    potentials built here carry): its weak references to the parameters are
-    pickled as the parameters (the model's own, pickled once with it)."""
-    from torch_ema import ExponentialMovingAverage
-
-    class PicklableEMA(ExponentialMovingAverage):
-        def __reduce__(self) -> tuple[Any, ...]:
-            state = dict(self.__dict__)
-            state["_params_refs"] = [ref() for ref in state["_params_refs"]]
-            return _rebuild_ema, (state,)
-
-    return PicklableEMA
-
-
-def _rebuild_ema(state: dict[str, Any]) -> Any:
-    """Unpickles :func:`_ema_class`'s EMA (by this function's name: its class is made on first use)."""
-    cls = _ema_class()
-    ema = cls.__new__(cls)
-    # a parameter already gone when pickled stays gone (a dead reference returns None)
-    state["_params_refs"] = [weakref.ref(p) if p is not None else (lambda: None) for p in state["_params_refs"]]
-    ema.__dict__.update(state)
-    return ema
-
-
-def load_model(path: str, device: str = "cpu") -> torch.nn.Module:
-    """A local mattersim checkpoint (``Potential.save`` format: ``model_name``,
-    ``model_args``, ``model`` state dict, as ``mattersim-v1.0.0-1M.pth``), or
-    a whole M3GNet saved with ``torch.save(potential.model)`` (a
-    ``Potential`` itself does not pickle: its EMA holds weak references).
-
-    Built as mattersim's ``Potential.from_checkpoint`` builds it (``M3Gnet(**
-    model_args)``, ``load_state_dict(strict=False)``), without its training
-    state and without its side effects: nothing is downloaded (a pretrained
-    model's name is not a file) and no folder is created.
-    """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such checkpoint file (mattersim models are not downloaded by ddpad)")
-    from mattersim.forcefield.m3gnet.m3gnet import M3Gnet
-    from mattersim.forcefield.potential import Potential
-
-    obj = torch.load(path, map_location=device, weights_only=False)
-    with _mattersim_globals():
-        if isinstance(obj, torch.nn.Module) and hasattr(obj, "graph_conv"):  # a whole M3Gnet
-            potential = Potential(obj.to(device), device=device)
-        elif isinstance(obj, torch.nn.Module):
-            potential = obj.to(device)
-            if hasattr(potential, "device"):  # Potential.forward makes its strain on it
-                potential.device = str(device)
-        elif isinstance(obj, dict) and "model_args" in obj and "model" in obj:
-            name = obj.get("model_name", "m3gnet")
-            if name != "m3gnet":
-                raise ValueError(f"{path}: a mattersim {name!r} checkpoint; only m3gnet is supported")
-            m3gnet = M3Gnet(device=device, **obj["model_args"]).to(device)
-            m3gnet.load_state_dict(obj["model"], strict=False)
-            potential = Potential(m3gnet, device=device, model_name=name)
-        else:
-            raise TypeError(f"{path} holds a {type(obj).__name__}, not a mattersim checkpoint or Potential")
-    _m3gnet(potential)
-    return _inference(potential)
-
-
 def foundation_models() -> dict[str, Any]:
     """MatterSim v1.0.0 1M and 5M (float32): :func:`random_model` at the
     published checkpoints' ``model_args`` (mattersim 1.2.3 ships none:
@@ -642,27 +508,6 @@ def foundation_models() -> dict[str, Any]:
 
 
 default_system = diamond_carbon
-
-
-def ase_calculator(model: torch.nn.Module) -> Any:
-    """mattersim's own ``MatterSimCalculator`` around the potential ``model``, on its device."""
-    from mattersim.forcefield import MatterSimCalculator
-
-    return MatterSimCalculator(potential=model, device=str(next(model.parameters()).device))
-
-
-def torchsim_model(model: torch.nn.Module) -> Any:
-    """torch-sim's own ``MatterSimModel`` around ``model``. torch-sim 0.3.0's
-    calls mattersim's ``batch_to_dict`` without a device, whose default is
-    ``cuda``: on a CPU a ``RuntimeError`` says so instead of failing at its
-    first step."""
-    param = next(model.parameters())
-    if param.device.type != "cuda":
-        raise RuntimeError("torch-sim's MatterSimModel builds its batch on mattersim's default device (cuda) "
-                           "whatever the model's: it runs on a GPU only")
-    from torch_sim.models.mattersim import MatterSimModel
-
-    return MatterSimModel(model, device=param.device, dtype=param.dtype)
 
 
 ADAPTER = builtin_adapter(
