@@ -5,7 +5,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import os
 import pathlib
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -148,3 +152,20 @@ def test_a_neighbour_field_adds_one_kernel_to_a_dense_pad() -> None:
         state: dict[str, int] = {}
         counts.append(_ops(lambda p=padder, s=state: p.pad(meta, s)))
     assert counts[1] == counts[0] + 1, counts
+
+
+def test_the_architecture_page_counts_what_a_call_visits() -> None:
+    """docs/pages/architecture.md said a steady call makes 34 ddpad function
+    calls and a growth call 153, where ``benchmarks/call_trace.py`` counted
+    35 and 166 (on the commit before this test too): the page quotes the
+    script's counts."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / "call_trace.py")], capture_output=True,
+                         text=True, timeout=600, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    steady = re.search(r"steady: (\d+) modules, (\d+) calls", res.stdout)
+    growth = re.search(r"growth: (\d+) modules, (\d+) calls", res.stdout)
+    assert steady and growth, res.stdout + res.stderr
+    page = " ".join((root / "docs" / "pages" / "architecture.md").read_text(encoding="utf-8").split())
+    assert "What a steady call visits" in page
+    assert f": {steady[1]} runtime modules (" in page and f") and {steady[2]} ddpad function calls." in page, steady[0]
+    assert f"check): {growth[1]} modules, {growth[2]} calls." in page, growth[0]
