@@ -71,6 +71,13 @@ class EngineHooks:
         differentiate the energy themselves (LAMMPS); None when the energy
         is not a function of an input field (SevenNet: its input holds
         precomputed edge vectors), which such engines refuse.
+    lammps_input
+        Optional ``model -> (elements, build)`` for ``pair_style ddpad``
+        packages (:mod:`ddpad.engines.lammps_package`): the model's atomic
+        numbers in the order of its element indices, and a traceable
+        ``build(positions, species, dead, edge_index) -> native input`` for
+        one graph of explicit ghost atoms (no cell, no shifts), the ``dead``
+        rows in a system of their own. None: not packaged for LAMMPS.
     """
 
     build_input: Callable[..., Any]
@@ -83,6 +90,7 @@ class EngineHooks:
     energy_only_options: Mapping[str, Any] = field(default_factory=dict)
     molecules: bool = False
     positions_key: str | None = "positions"
+    lammps_input: Callable[[torch.nn.Module], tuple[tuple[int, ...], Callable[..., Any]]] | None = None
 
 
 @dataclass(frozen=True)

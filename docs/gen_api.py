@@ -30,7 +30,9 @@ TIERS = [
     ("ddpad.testing", "The conformance kit an adapter's tests inherit."),
     ("ddpad.ase", "The ASE calculator."),
     ("ddpad.torchsim", "The torch-sim model."),
-    ("ddpad.engines.lammps", "LAMMPS (MPI spatial decomposition)."),
+    ("ddpad.engines.lammps", "LAMMPS (MPI spatial decomposition) through fix external."),
+    ("ddpad.engines.lammps_package", "LAMMPS without Python: packages for pair_style ddpad."),
+    ("ddpad.engines.lammps_build", "LAMMPS without Python: building the pair_style ddpad plugin."),
     ("ddpad.engines.nvalchemi", "nvalchemi-toolkit (domain decomposition)."),
 ]
 

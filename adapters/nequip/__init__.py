@@ -60,6 +60,7 @@ __all__ = [
     "foundation_model_config",
     "foundation_models",
     "global_state",
+    "lammps_input",
     "load_model",
     "make_adapter",
     "make_padder",
@@ -353,6 +354,44 @@ def tensor_input(model: torch.nn.Module, *,
     return build
 
 
+def lammps_input(model: torch.nn.Module) -> tuple[tuple[int, ...], Any]:
+    """The model's atomic numbers (its type names, which must be element
+    symbols), and ``(positions, species, dead, edge_index) -> nequip's input
+    dict`` for one graph of explicit ghost atoms (``pair_style ddpad``):
+    traceable, zero lattice shifts, dead atoms in a second system. Models
+    with per-edge-type cutoffs are refused (their pairs are pruned per type
+    pair, which the pair style does not do)."""
+    from ase.data import atomic_numbers
+    from nequip.nn import graph_model as nequip_graph_model
+
+    graph_model = _graph_model(model)
+    type_names = _type_names(model)
+    if graph_model.metadata.get(nequip_graph_model.PER_EDGE_TYPE_CUTOFF_KEY, None) not in (None, ""):
+        raise ValueError("this nequip model has per-edge-type cutoffs, which pair_style ddpad packages do not "
+                         "prune by; run it through ddpad.engines.lammps.Potential (fix external)")
+    foreign = [t for t in type_names if t not in atomic_numbers]
+    if foreign:
+        raise ValueError(f"type names {foreign} are not element symbols: pair_style ddpad maps LAMMPS types to "
+                         "elements")
+    zs = tuple(atomic_numbers[t] for t in type_names)
+    keep = set(graph_model.model_input_fields) | {"pbc", "atomic_numbers"}
+
+    def build(positions: Tensor, species: Tensor, dead: Tensor, edge_index: Tensor) -> dict[str, Tensor]:
+        n, device = positions.shape[0], positions.device
+        alive = (~dead).sum()
+        data = {
+            "pos": positions.to(torch.float64), "edge_index": edge_index,
+            "edge_cell_shift": torch.zeros(edge_index.shape[1], 3, dtype=torch.float64, device=device),
+            "cell": torch.zeros(2, 3, 3, dtype=torch.float64, device=device),
+            "pbc": torch.zeros(2, 3, dtype=torch.bool, device=device),
+            "atomic_numbers": torch.tensor(zs, device=device)[species], "atom_types": species,
+            "batch": dead.long(), "num_atoms": torch.stack([alive, n - alive]),
+        }
+        return {k: v for k, v in data.items() if k in keep}
+
+    return zs, build
+
+
 @contextlib.contextmanager
 def global_state() -> Iterator[None]:
     """nequip's global state (which its model builders and loaders require),
@@ -583,6 +622,7 @@ def make_adapter(name: str, *, requires: tuple[str, ...], tools: ToolHooks, **en
         "message_layers": _convolutions,
         "energy_only_options": {"do_derivatives": False},
         "positions_key": "pos",
+        "lammps_input": lammps_input,
     }
     return builtin_adapter(
         name,

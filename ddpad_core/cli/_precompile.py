@@ -27,11 +27,12 @@ from ._common import (
 def cmd_precompile(args: argparse.Namespace) -> int:
     """Compile the system's caps and the next ``--ladder`` buckets into the store."""
     adapter = _adapter(args.adapter, args.verbose)
-    if args.ladder < 0:
+    if args.ladder is not None and args.ladder < 0:
         raise CliError(f"--ladder must be >= 0, got {args.ladder}")
     if args.no_compile_cache:
         raise CliError("precompile writes into the compile store; drop --no-compile-cache")
-    device = _device(args.device)
+    # (pair_style ddpad runs CPU packages: --lammps builds on the CPU unless told otherwise, which it refuses)
+    device = "cpu" if args.lammps and args.device is None else _device(args.device)
     dtype = _dtype(adapter, args.dtype)
     atoms = _system(adapter, args.system)
     model, what = _model(adapter, args.model, dtype, device, atoms, args.verbose)
@@ -40,6 +41,9 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     from ddpad import TightPolicy, wrap
     from .._evaluator import engine_input
 
+    if args.lammps:
+        return _precompile_lammps(args, adapter, model, what, atoms, device, dtype)
+    args.ladder = 2 if args.ladder is None else args.ladder
     loaded = _load_caps(args.caps, adapter.name)  # checked first
     preset = args.caps if loaded is not None else None
     if args.aot:
@@ -94,6 +98,53 @@ def _precompile_packages(args: argparse.Namespace, adapter: Any, model: Any, wha
     return 0
 
 
+def _precompile_lammps(args: argparse.Namespace, adapter: Any, model: Any, what: str, atoms: Any,
+                       device: str, dtype: Any) -> int:
+    """``ddpad precompile --lammps``: ``pair_style ddpad`` packages, one per
+    rung, sized from the system as one LAMMPS rank holding all of it sees it
+    (its atoms and ghosts) and halved per rung, or ``--rung`` caps."""
+    from ..engines.lammps_package import build_ladder, ghost_graph
+
+    rungs = [_rung(text) for text in args.rung] if args.rung else None
+    if device != "cpu":
+        raise CliError(f"pair_style ddpad runs CPU packages (GPU packages are not built yet); drop --device {device}")
+    if adapter.engine.lammps_input is None:
+        raise CliError(f"adapter {adapter.name!r} cannot be packaged for pair_style ddpad (no lammps_input); "
+                       "run it in LAMMPS through ddpad.engines.lammps.Potential (fix external)")
+    ladder = 4 if args.ladder is None else args.ladder
+    if ladder < 1:
+        raise CliError(f"--ladder must be >= 1 with --lammps (packages to build), got {ladder}")
+    if not all(atoms.pbc):
+        raise CliError("--lammps sizes its packages from a periodic system (the box LAMMPS holds); pass "
+                       "--system FILE with a cell, or --rung ATOMS:EDGES")
+    layers = adapter.engine.message_layers(model) if adapter.engine.message_layers is not None else 1
+    cutoff = float(adapter.cutoff(model))
+    ghost = layers * cutoff + args.skin
+    example = ghost_graph(atoms, adapter.engine.lammps_input(model)[0], cutoff, ghost).pruned(layers)
+    out = args.out or f"{adapter.name}-lammps"
+    print(f"ddpad precompile --lammps {adapter.name}: {what}, {dtype}; {len(atoms)} atoms and the "
+          f"{example.n_atoms - len(atoms)} ghosts and {example.n_edges} pairs their energy depends on ({layers} "
+          f"layers x cutoff {cutoff:g}); packages into {out}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        built = build_ladder(model, adapter, out, example, rungs=ladder, caps=rungs,
+                             on_built=lambda p: print(f"{p.path}: {p.atoms} atoms, {p.edges} edges, checked, "
+                                                      f"{p.seconds:.0f} s", flush=True))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    print(f"{len(built)} package(s) in {time.perf_counter() - t0:.0f} s; in LAMMPS: pair_style ddpad {out}, "
+          f"comm_modify cutoff {ghost:g} (build the plugin once: ddpad lammps build-plugin)")
+    return 0
+
+
+def _rung(text: str) -> tuple[int, int]:
+    try:
+        atoms, edges = (int(v) for v in text.split(":"))
+    except ValueError:
+        raise CliError(f"--rung takes ATOMS:EDGES (e.g. 2048:65536), got {text!r}") from None
+    return atoms, edges
+
+
 def add_parser(sub: Any) -> None:
     """The ``precompile`` command's parser, under ``sub``."""
     p_pre = sub.add_parser(
@@ -104,9 +155,19 @@ def add_parser(sub: Any) -> None:
                     "run --warm-ladder, loads them all before its first step).")
     _common_options(p_pre)
     _store_arguments(p_pre)
-    p_pre.add_argument("--ladder", type=int, default=2, metavar="K", help="rungs to compile beyond the first caps (default: 2)")
+    p_pre.add_argument("--ladder", type=int, default=None, metavar="K",
+                       help="rungs to compile beyond the first caps (default: 2); with --lammps, packages to build, "
+                            "each 0.8 x the one above (default: 4)")
     p_pre.add_argument("--workers", type=int, default=None, metavar="N",
                        help="with --aot: package builds at once (default: one per CPU, at most one per package)")
     p_pre.add_argument("--caps", metavar="FILE.json", help="start from these caps, a caps file from ddpad run (default: the system's own caps)")
+    p_pre.add_argument("--lammps", action="store_true",
+                       help="build pair_style ddpad packages (one per --ladder rung, largest first) into --out "
+                            "(default: compile-store entries for ddpad's own runs)")
+    p_pre.add_argument("--out", metavar="DIR", help="with --lammps: the packages' folder (default: ADAPTER-lammps)")
+    p_pre.add_argument("--rung", action="append", metavar="ATOMS:EDGES",
+                       help="with --lammps: a package's caps (repeatable; default: sized from --system)")
+    p_pre.add_argument("--skin", type=float, default=1.0, metavar="A",
+                       help="with --lammps: LAMMPS's neighbour skin, for the ghost depth (default: 1.0)")
     _verbose_option(p_pre, argparse.SUPPRESS)
     p_pre.set_defaults(func=cmd_precompile)
