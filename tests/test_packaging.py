@@ -1,4 +1,4 @@
-"""The built wheel ships every adapter subpackage and py.typed."""
+"""The built wheel ships every adapter subpackage, py.typed and the LAMMPS plugin's sources."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ def test_wheel_contains_every_adapter(tmp_path: pathlib.Path) -> None:
     for name in on_disk:
         assert f"ddpad/adapters/{name}" in packages, f"adapters/{name} missing from the wheel"
     assert "ddpad/py.typed" in names
+    # ddpad lammps build-plugin compiles these where the package is installed
+    for source in ("pair_ddpad.cpp", "loader.cpp"):
+        assert f"ddpad/engines/lammps_plugin/{source}" in names, f"{source} missing from the wheel"
     assert not any(n.startswith(("ddpad_core/", "adapters/")) for n in names)
 
 

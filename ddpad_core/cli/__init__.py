@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 
 from ddpad._noise import ignore_noise
 
-from . import _bench, _cache, _list, _precompile, _run
+from . import _bench, _cache, _lammps, _list, _precompile, _run
 from ._common import CliError, _format_warning, _Interrupted, _verbose_option
 
 # torch and the model packages are imported inside the commands, not here:
@@ -30,7 +30,8 @@ DESCRIPTION = (
     "Keep torch.compile'd interatomic potentials on one compiled graph through MD. "
     "Commands: 'list' shows the adapters and whether their model package is installed; "
     "'run' runs compiled, padded Langevin MD; 'bench' times eager, unpadded torch.compile "
-    "and ddpad on one trajectory whose atom count changes; 'cache' lists and prunes the compile store. "
+    "and ddpad on one trajectory whose atom count changes; 'cache' lists and prunes the compile store; "
+    "'lammps build-plugin' builds pair_style ddpad (LAMMPS without Python). "
     "'ddpad COMMAND -h' for options."
 )
 
@@ -39,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``ddpad`` parser: each command's options come from its module."""
     parser = argparse.ArgumentParser(prog="ddpad", description=DESCRIPTION)
     _verbose_option(parser, False)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,run,precompile,bench,cache}")
-    for command in (_list, _run, _precompile, _bench, _cache):
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,run,precompile,bench,cache,lammps}")
+    for command in (_list, _run, _precompile, _bench, _cache, _lammps):
         command.add_parser(sub)
     return parser
 
