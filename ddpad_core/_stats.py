@@ -328,33 +328,6 @@ class Stats:
         """The counts :meth:`work` describes, as they are now."""
         return {name: getattr(self, name) for name in _WORK}
 
-    def store_line(self) -> str:
-        """The compile store's counts in words: how many of the graphs looked
-        up were in it; what became of the others (compiled, or found in
-        torch's own cache, then written to it); then background compiles,
-        warm-ladder rungs and packages."""
-        uncached = f", {self.graphs_uncached} of them past torch's caches" if self.graphs_uncached else ""
-        aot = (f"; ahead-of-time packages: {self.aot_compiled} built in {self.aot_seconds:.1f} s, "
-               f"{self.aot_loaded} loaded in {self.aot_load_seconds:.2f} s, {self.aot_checked} checked against "
-               f"eager, {self.aot_refused} call form(s) on torch.compile"
-               if self.aot_compiled or self.aot_loaded or self.aot_refused else "")
-        unused = self.background_started - self.background_used
-        looked_up, own = self.store_hits + self.store_misses, self.graphs_loaded - self.store_loads
-        found = f"compile store: found {self.store_hits} of {_count(looked_up, 'graph')} in it"
-        compiled = f"in {self.compile_seconds:.1f} s{uncached}"
-        if self.graphs_compiled and own > 0:  # both: how many each
-            made = f"compiled ({self.graphs_compiled}, {compiled}) or found in torch's own cache ({own})"
-        else:
-            made = f"compiled {compiled}" if self.graphs_compiled else "found in torch's own cache"
-        missing = (f"; the {self.store_misses} not in it {'was' if self.store_misses == 1 else 'were'} {made}, "
-                   "then written to it" if self.store_misses else "")
-        loaded = f"; loading took {self.load_seconds:.1f} s" if self.graphs_loaded else ""
-        return (f"{found}{missing}{loaded}; background compiles: "
-                f"{self.background_started} started, {self.background_used} used"
-                + (f" ({unused} unused: worker CPU time this run did not need)" if unused else "")
-                + (f"; warm ladder: {self.rungs_warmed} rung(s) in {self.warm_seconds:.1f} s, {self.rungs_used} "
-                   "growth(s) took one" if self.rungs_warmed else "") + aot)
-
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready summary."""
         return {

@@ -507,17 +507,18 @@ def test_store_line_says_what_became_of_each_graph() -> None:
     and the counts add up (looked up = in it + not; not in it = compiled +
     from torch's cache)."""
     from ddpad import Stats
+    from ddpad.cli._report import store_line
 
-    line = Stats(graphs=1, graphs_loaded=1, load_seconds=66.5, store_misses=1).store_line()
+    line = store_line(Stats(graphs=1, graphs_loaded=1, load_seconds=66.5, store_misses=1))
     assert line.startswith("compile store: found 0 of 1 graph in it; the 1 not in it was found in torch's own "
                            "cache, then written to it; loading took 66.5 s; "), line
-    line = Stats(graphs=2, graphs_compiled=2, compile_seconds=30.1, store_misses=2).store_line()
+    line = store_line(Stats(graphs=2, graphs_compiled=2, compile_seconds=30.1, store_misses=2))
     assert line.startswith("compile store: found 0 of 2 graphs in it; the 2 not in it were compiled in 30.1 s, "
                            "then written to it; background"), line
-    line = Stats(graphs=2, graphs_compiled=1, compile_seconds=30.1, graphs_loaded=1, store_misses=2).store_line()
+    line = store_line(Stats(graphs=2, graphs_compiled=1, compile_seconds=30.1, graphs_loaded=1, store_misses=2))
     assert "the 2 not in it were compiled (1, in 30.1 s) or found in torch's own cache (1), then" in line
-    line = Stats(graphs=3, graphs_compiled=1, compile_seconds=3.0, graphs_loaded=2, load_seconds=1.5, store_hits=2,
-                 store_misses=1, store_loads=2).store_line()
+    line = store_line(Stats(graphs=3, graphs_compiled=1, compile_seconds=3.0, graphs_loaded=2, load_seconds=1.5,
+                            store_hits=2, store_misses=1, store_loads=2))
     assert line.startswith("compile store: found 2 of 3 graphs in it; the 1 not in it was compiled in 3.0 s, "
                            "then written to it; loading took 1.5 s; "), line
 

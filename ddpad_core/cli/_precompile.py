@@ -22,6 +22,7 @@ from ._common import (
     _system,
     _verbose_option,
 )
+from ._report import store_line
 
 
 def cmd_precompile(args: argparse.Namespace) -> int:
@@ -62,7 +63,7 @@ def cmd_precompile(args: argparse.Namespace) -> int:
     for caps in wrapped.rungs:
         print(f"caps {caps}")
     print(f"{len(wrapped.rungs)} rung(s) in {warm:.1f} s")
-    print(wrapped.stats.store_line())
+    print(store_line(wrapped.stats))
     if args.caps is None:
         print(f"caps written to {_save_caps(wrapped, _cached_caps_path(adapter.name, model, atoms))} "
               "(ddpad run of this model on this system starts from them)")

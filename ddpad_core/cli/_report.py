@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ddpad import CapEvent, Stats
 
-__all__ = ["checks_line", "fill_line", "growth_line"]
+__all__ = ["checks_line", "fill_line", "growth_line", "store_line"]
 
 
 def growth_line(stats: Stats) -> str:
@@ -55,3 +55,35 @@ def checks_line(stats: Stats, verify: bool = True) -> str:
     if stats.dead_nonfinite:
         line += f" ({stats.dead_nonfinite} with NaN or inf in dead rows: see the warning above)"
     return line
+
+
+def store_line(stats: Stats) -> str:
+    """The compile store's counts in words: how many of the graphs looked
+    up were in it; what became of the others (compiled, or found in
+    torch's own cache, then written to it); then background compiles,
+    warm-ladder rungs and packages."""
+    uncached = f", {stats.graphs_uncached} of them past torch's caches" if stats.graphs_uncached else ""
+    aot = (f"; ahead-of-time packages: {stats.aot_compiled} built in {stats.aot_seconds:.1f} s, "
+           f"{stats.aot_loaded} loaded in {stats.aot_load_seconds:.2f} s, {stats.aot_checked} checked against "
+           f"eager, {stats.aot_refused} call form(s) on torch.compile"
+           if stats.aot_compiled or stats.aot_loaded or stats.aot_refused else "")
+    unused = stats.background_started - stats.background_used
+    looked_up, own = stats.store_hits + stats.store_misses, stats.graphs_loaded - stats.store_loads
+    found = f"compile store: found {stats.store_hits} of {_count(looked_up, 'graph')} in it"
+    compiled = f"in {stats.compile_seconds:.1f} s{uncached}"
+    if stats.graphs_compiled and own > 0:  # both: how many each
+        made = f"compiled ({stats.graphs_compiled}, {compiled}) or found in torch's own cache ({own})"
+    else:
+        made = f"compiled {compiled}" if stats.graphs_compiled else "found in torch's own cache"
+    missing = (f"; the {stats.store_misses} not in it {'was' if stats.store_misses == 1 else 'were'} {made}, "
+               "then written to it" if stats.store_misses else "")
+    loaded = f"; loading took {stats.load_seconds:.1f} s" if stats.graphs_loaded else ""
+    return (f"{found}{missing}{loaded}; background compiles: "
+            f"{stats.background_started} started, {stats.background_used} used"
+            + (f" ({unused} unused: worker CPU time this run did not need)" if unused else "")
+            + (f"; warm ladder: {stats.rungs_warmed} rung(s) in {stats.warm_seconds:.1f} s, {stats.rungs_used} "
+               "growth(s) took one" if stats.rungs_warmed else "") + aot)
+
+
+def _count(n: float, noun: str) -> str:
+    return f"{n:g} {noun}" + ("" if n == 1 else "s")

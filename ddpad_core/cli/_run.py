@@ -34,7 +34,7 @@ from ._common import (
     _system,
     _verbose_option,
 )
-from ._report import checks_line, fill_line, growth_line
+from ._report import checks_line, fill_line, growth_line, store_line
 
 
 # -- what the user sees while it runs -------------------------------------------
@@ -280,7 +280,7 @@ def _summary(args: argparse.Namespace, stats: Any, progress: _Progress, elapsed:
           f"unexplained recompiles: {len(stats.unexplained)}")
     if stats.store_hits or stats.store_misses or stats.rungs_warmed or stats.aot_compiled or stats.aot_loaded \
             or stats.aot_refused or stats.background_started:  # not every backend stores
-        print(stats.store_line())
+        print(store_line(stats))
     if not args.no_compile:
         print(checks_line(stats, getattr(args, "verify", True)))
     print(fill_line(stats, args.cap_policy))

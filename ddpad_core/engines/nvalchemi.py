@@ -146,7 +146,7 @@ class _Accounting:
         first call is checked against the same graph run eagerly: one that
         disagrees runs eagerly from then on, with one warning
         (``stats.checks``, ``stats.disagreements``; ``verify=False`` opts
-        out). ``options`` go to :func:`ddpad.counting_backend`."""
+        out). ``options`` go to :func:`ddpad.padding.counting_backend`."""
         self._size(cheap=compile_cache is not None and storable(backend))
         return {"backend": counting_backend(self.stats, backend, compile_cache=compile_cache, model=model, **options)}
 
