@@ -21,11 +21,12 @@ Ghost atoms must cover the model's receptive field: ``comm_modify cutoff``
 at least ``layers x cutoff`` plus the neighbour skin. The engine checks the
 cutoff LAMMPS reports when the :class:`Potential` is created.
 
-This is the portable CPU route. On GPU builds of LAMMPS (Kokkos + ML-IAP
-with the Python "unified" interface) the production route is ``pair_style
-mliap unified`` with a wrapper that calls the same padded model; LAMMPS
-then hands over the ghost pair list itself and reverse-communicates the
-ghost forces (see docs: "Running distributed").
+This route needs a Python-driven LAMMPS and all-reduces every atom's force
+each step. Without Python, ``pair_style ddpad`` runs a package of the same
+step in LAMMPS's own loop (:mod:`ddpad.engines.lammps_package`, ``ddpad
+lammps build-plugin``); this route stays for adapters without a
+``lammps_input`` hook, for GPUs and for models that cannot be packaged
+(see docs: "Running distributed").
 """
 
 from __future__ import annotations
