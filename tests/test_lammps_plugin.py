@@ -294,3 +294,18 @@ def test_libtorch_in_lmp_calls_its_own_blas(built: dict[str, pathlib.Path], tmp_
     to_lammps = [line.split("symbol ")[-1] for line in torch_calls
                  if "liblammps" in line.split(" to ")[-1] and re.search(r"symbol `[a-z][a-z0-9]*_'", line)]
     assert not to_lammps, f"libtorch's BLAS bound to liblammps: {sorted(set(to_lammps))}"
+
+
+@pytest.mark.slow
+def test_a_package_for_a_wider_cpu_is_refused(built: dict[str, pathlib.Path], tmp_path: pathlib.Path) -> None:
+    """A package records the vector ISA it was built for (AOTI_CPU_ISA);
+    run where the CPU lacks it, it would die of SIGILL. ATEN_CPU_CAPABILITY
+    makes libtorch report a narrower CPU than this one."""
+    from ddpad.engines.lammps_package import read_metadata
+
+    package = next(built["packages"].glob("*.pt2"))
+    if not read_metadata(package).get("AOTI_CPU_ISA", "").startswith("AVX512"):
+        pytest.skip("the packages here were not built for AVX512")
+    proc = _lmp(built, tmp_path, 1, steps=1, env={"ATEN_CPU_CAPABILITY": "avx2"})
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "which this CPU lacks" in text, text[-2000:]
