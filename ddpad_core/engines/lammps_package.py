@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._aot import _own_build_files, _scalar_constants
 from .._compile import run_step
 from .._noise import quiet_warnings
 from .._registry import resolve_adapter
@@ -258,8 +259,13 @@ def build_package(model: torch.nn.Module, adapter: Any, atoms: int, edges: int, 
     graph = example.cut(atoms - RESERVED, edges)
     inputs = _inputs(graph, atoms, edges)
     gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*inputs)
-    configs = {"aot_inductor.metadata": _metadata(adapter, model, elements, atoms, edges, layers, dtype)}
-    with quiet_warnings(), tempfile.TemporaryDirectory(prefix="ddpad-lammps-") as tmp:
+    configs: dict[str, Any] = {"aot_inductor.metadata": _metadata(adapter, model, elements, atoms, edges, layers,
+                                                                  dtype)}
+    if _scalar_constants(gm):  # (as ddpad's own packages: Inductor inlines them where some lowerings cannot)
+        configs["always_keep_tensor_constants"] = True
+    # _own_build_files: the generated files named for this build alone (two builds of one architecture at
+    # once overwrote each other's, weights included)
+    with quiet_warnings(), tempfile.TemporaryDirectory(prefix="ddpad-lammps-") as tmp, _own_build_files(configs):
         exported = torch.export.export(gm, tuple(inputs), strict=False)
         built = torch._inductor.aoti_compile_and_package(exported, package_path=os.path.join(tmp, "step.pt2"),
                                                          inductor_configs=configs)
