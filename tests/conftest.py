@@ -26,6 +26,15 @@ def fresh_dynamo_cache():
     """Each test counts its own compiles: start from an empty Dynamo cache
     (compiled entries of one test's shapes would otherwise serve the next)."""
     import torch
+    from torch._dynamo.convert_frame import compile_lock
 
-    torch._dynamo.reset()
+    # A thread an earlier test left compiling holds Dynamo's compile lock, and
+    # reset() would wait on it for ever: fail this test in bounded time instead.
+    if not compile_lock.acquire(timeout=120):
+        pytest.fail("a thread of an earlier test still holds Dynamo's compile lock after 120 s (a hung compile): "
+                    "see that test's failure for the threads' stacks")
+    try:
+        torch._dynamo.reset()
+    finally:
+        compile_lock.release()
     yield

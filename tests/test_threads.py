@@ -4,7 +4,11 @@ or value; a call from inside a call is a clear error."""
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
+import traceback
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -12,6 +16,34 @@ import torch
 import ddpad
 
 toy = pytest.importorskip("ddpad_toy_plugin")
+
+JOIN_TIMEOUT = 300.0  # s: these runs take 5-20 s here
+
+
+@pytest.fixture(scope="module", autouse=True)
+def dynamo_logging_set_up() -> None:
+    """torch sets up its trace logging on a process's first compile (a handler
+    that removes itself); in CI two threads making their process's first
+    compiles at once hung once, both at that logging's lock. What is tested
+    here is ddpad's threads, so a test worker has compiled once before."""
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))
+
+
+def run_threads(worker: Callable[[int], None], args: tuple[int, ...]) -> None:
+    """``worker(a)`` for each ``a`` in its own daemon thread, joined in bounded
+    time; a thread still running then fails the test with every live
+    thread's stack (a hang shows who waits on what)."""
+    threads = [threading.Thread(target=worker, args=(a,), daemon=True) for a in args]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + JOIN_TIMEOUT
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        names = {t.ident: t.name for t in threading.enumerate()}
+        stacks = [f"--- {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame)[-8:])
+                  for ident, frame in sys._current_frames().items()]
+        pytest.fail(f"threads still running after {JOIN_TIMEOUT:.0f} s:\n" + "\n".join(stacks))
 
 
 def _inputs(model: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
@@ -50,11 +82,7 @@ def test_two_threads_on_one_wrapped_model_get_their_own_results(compile: bool) -
             elif not torch.allclose(out["energy"], ref["energy"]):
                 wrong.append(f"input {k}: energy")
 
-    threads = [threading.Thread(target=worker, args=(offset,)) for offset in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, (0, 1))
     assert wrong == [], f"{len(wrong)} of 120 calls wrong: {wrong[:5]}"
     assert wrapped.stats.calls == 120 + len(inputs)
 
@@ -89,11 +117,7 @@ def test_two_wrapped_models_in_two_threads_at_once_are_each_exact() -> None:
             if not (torch.allclose(out["energy"], ref["energy"]) and torch.allclose(out["forces"], ref["forces"])):
                 wrong.append(f"model {which}, input {k}")
 
-    threads = [threading.Thread(target=worker, args=(which,)) for which in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, (0, 1))
     assert wrong == [], f"{len(wrong)} of 60 calls wrong: {wrong[:5]}"
     assert [w.stats.calls for w in wrapped] == [30, 30]
     assert all(w.stats.graphs >= 1 and w.stats.disagreements == 0 for w in wrapped)
@@ -116,3 +140,19 @@ def test_a_call_from_inside_its_own_call_is_an_error() -> None:
         holder[0](data)
     reentrant.reenter = False  # the lock was released: the model is usable again
     assert holder[0](data)["forces"].shape == (20, 3)
+
+
+def test_a_hung_thread_fails_the_test_in_bounded_time_with_its_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the threads were joined without a limit; one CI run hung 900 s
+    on them (pytest-timeout), then 900 s more in the next test's setup."""
+    monkeypatch.setattr(sys.modules[__name__], "JOIN_TIMEOUT", 0.5)
+    release = threading.Event()
+
+    def stuck_on_an_event(_: int) -> None:
+        release.wait()
+
+    try:
+        with pytest.raises(pytest.fail.Exception, match=r"(?s)still running after 0 s.*stuck_on_an_event"):
+            run_threads(stuck_on_an_event, (0,))
+    finally:
+        release.set()
