@@ -75,9 +75,12 @@ class EngineHooks:
         Optional ``model -> (elements, build)`` for ``pair_style ddpad``
         packages (:mod:`ddpad.engines.lammps_package`): the model's atomic
         numbers in the order of its element indices, and a traceable
-        ``build(positions, species, dead, edge_index) -> native input`` for
-        one graph of explicit ghost atoms (no cell, no shifts), the ``dead``
-        rows in a system of their own. None: not packaged for LAMMPS.
+        ``build(positions, species, dead, edge_index, shifts) -> native
+        input`` for one graph of explicit ghost atoms (no periodic cell),
+        the ``dead`` rows in a system of their own; ``shifts`` ``(edges, 3)``
+        are Cartesian displacements the model adds to its edge vectors
+        (zeros: the package differentiates the energy by them for per-atom
+        virials). None: not packaged for LAMMPS.
     """
 
     build_input: Callable[..., Any]

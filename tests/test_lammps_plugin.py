@@ -138,13 +138,34 @@ def _thermo(log: str) -> list[dict[str, float]]:
             if len(row) == len(keys) and re.fullmatch(r"\d+", row[0])]
 
 
-def _dump(path: pathlib.Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Step 0's ids, positions and forces from the dump (sorted by id)."""
+NKTV2P = 1.6021765e6  # LAMMPS's metal units: eV/A^3 to bar
+
+
+def _dump(path: pathlib.Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Step 0's ids, positions, forces and per-atom virials (eV; LAMMPS's
+    order xx yy zz xy xz yz, from ``compute stress/atom ... virial``, which
+    is minus the virial in bar A^3) from the dump (sorted by id)."""
     lines = path.read_text().splitlines()
     n = int(lines[lines.index("ITEM: NUMBER OF ATOMS") + 1])
     start = next(i for i, line in enumerate(lines) if line.startswith("ITEM: ATOMS")) + 1
     table = np.array([[float(v) for v in line.split()] for line in lines[start:start + n]])
-    return table[:, 0].astype(int), table[:, 1:4], table[:, 4:7]
+    return table[:, 0].astype(int), table[:, 1:4], table[:, 4:7], -table[:, 7:13] / NKTV2P
+
+
+def _mace_atom_virials(model_file: pathlib.Path, positions: np.ndarray) -> np.ndarray:
+    """mace's own atomic virials (``compute_atomic_stresses``) of the plain
+    eager model on the whole periodic box, in LAMMPS's order."""
+    import torch
+    from ase import Atoms
+    from ddpad.adapters import get
+
+    model = torch.load(model_file, weights_only=False)
+    atoms = Atoms(numbers=[6] * len(positions), positions=positions, cell=np.diag([4 * 3.57, 2 * 3.57, 2 * 3.57]),
+                  pbc=True)
+    out = model(get("mace").engine.build_input(model, atoms), compute_force=True, compute_stress=True,
+                compute_atomic_stresses=True, training=False)
+    w = out["atomic_virials"].detach().numpy()
+    return np.stack([w[:, 0, 0], w[:, 1, 1], w[:, 2, 2], w[:, 0, 1], w[:, 0, 2], w[:, 1, 2]], axis=1)
 
 
 def _eager(model_file: pathlib.Path, adapter: str, positions: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
@@ -163,23 +184,31 @@ def _eager(model_file: pathlib.Path, adapter: str, positions: np.ndarray) -> tup
 
 def _one_and_two_ranks_match_the_eager_model(built: dict[str, pathlib.Path], where: pathlib.Path,
                                              ghost: float) -> None:
-    runs = {}
+    runs, virials = {}, {}
     for ranks in (1, 2):
         proc = _lmp(built, where / f"np{ranks}", ranks, ghost=ghost)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         runs[ranks] = _thermo(proc.stdout)
         assert len(runs[ranks]) == 101
-        ids, positions, forces = _dump(where / f"np{ranks}" / "forces.dump")
+        ids, positions, forces, atom_virials = _dump(where / f"np{ranks}" / "forces.dump")
         energy, reference, virial = _eager(built["model"], built["adapter"], positions)
         first = runs[ranks][0]
         assert abs(first["pe"] - energy) <= 1e-10 * abs(energy)
         assert np.abs(forces - reference).max() <= 1e-10 * np.abs(reference).max()
         # pressure: LAMMPS's (2 KE + trace W) / 3V in bar, from the eager virial
         volume = 16 * 3.57 ** 3
-        press = (2 * first["ke"] + np.trace(virial)) / (3 * volume) * 1.6021765e6
+        press = (2 * first["ke"] + np.trace(virial)) / (3 * volume) * NKTV2P
         assert abs(first["press"] - press) <= 1e-9 * abs(press)
+        # per-atom virials (compute stress/atom): ghosts' summed to their owners, the sum the eager virial
+        total = virial[[0, 1, 2, 0, 0, 1], [0, 1, 2, 1, 2, 2]]
+        assert np.abs(atom_virials.sum(axis=0) - total).max() <= 1e-9 * np.abs(total).max()
+        if built["adapter"] == "mace":  # and each atom's: mace's own atomic virials
+            own = _mace_atom_virials(built["model"], positions)
+            assert np.abs(atom_virials - own).max() <= 1e-10 * np.abs(own).max()
+        virials[ranks] = atom_virials[np.lexsort(positions.round(8).T)]  # (ids are assigned per rank)
         for row in runs[ranks]:  # per-atom energies (compute pe/atom) sum to the energy
             assert row["pesum"] == pytest.approx(row["pe"], rel=1e-12)
+    assert np.abs(virials[2] - virials[1]).max() <= 1e-10 * np.abs(virials[1]).max()
     for a, b in zip(runs[1], runs[2]):  # 100 NVE steps, thermo equal on 1 and 2 ranks
         for key in ("pe", "ke", "etotal", "press"):
             assert b[key] == pytest.approx(a[key], rel=1e-8, abs=1e-9), (a["step"], key)

@@ -232,20 +232,23 @@ def tensor_input(model: torch.nn.Module, *, head: str | None = None) -> Any:
 
 def lammps_input(model: torch.nn.Module) -> tuple[tuple[int, ...], Any]:
     """The model's atomic numbers, and ``(positions, species, dead,
-    edge_index) -> mace's batch dict`` for one graph of explicit ghost atoms
-    (``pair_style ddpad``): traceable, no neighbour list, zero shifts; dead
-    atoms (all-zero one-hot, as the padder makes them) in a second graph."""
+    edge_index, shifts) -> mace's batch dict`` for one graph of explicit
+    ghost atoms (``pair_style ddpad``): traceable, no neighbour list, the
+    edge displacements ``shifts`` (zeros: the package differentiates them)
+    as mace's shifts; dead atoms (all-zero one-hot, as the padder makes
+    them) in a second graph."""
     zs = tuple(int(z) for z in model.atomic_numbers)
     dtype = next(model.parameters()).dtype
 
-    def build(positions: Tensor, species: Tensor, dead: Tensor, edge_index: Tensor) -> dict[str, Tensor]:
+    def build(positions: Tensor, species: Tensor, dead: Tensor, edge_index: Tensor,
+              shifts: Tensor) -> dict[str, Tensor]:
         n, device = positions.shape[0], positions.device
         alive = (~dead).to(dtype)[:, None]
         zero = torch.zeros((), dtype=torch.long, device=device)
         return {
             "positions": positions.to(dtype),
             "node_attrs": torch.nn.functional.one_hot(species, len(zs)).to(dtype) * alive,
-            "edge_index": edge_index, "shifts": torch.zeros(edge_index.shape[1], 3, dtype=dtype, device=device),
+            "edge_index": edge_index, "shifts": shifts.to(dtype),
             "unit_shifts": torch.zeros(edge_index.shape[1], 3, dtype=dtype, device=device),
             "cell": torch.zeros(6, 3, dtype=dtype, device=device), "batch": dead.long(),
             "ptr": torch.stack([zero, (~dead).sum(), zero + n]),

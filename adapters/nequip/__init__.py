@@ -356,9 +356,11 @@ def tensor_input(model: torch.nn.Module, *,
 
 def lammps_input(model: torch.nn.Module) -> tuple[tuple[int, ...], Any]:
     """The model's atomic numbers (its type names, which must be element
-    symbols), and ``(positions, species, dead, edge_index) -> nequip's input
-    dict`` for one graph of explicit ghost atoms (``pair_style ddpad``):
-    traceable, zero lattice shifts, dead atoms in a second system. Models
+    symbols), and ``(positions, species, dead, edge_index, shifts) ->
+    nequip's input dict`` for one graph of explicit ghost atoms (``pair_style
+    ddpad``): traceable, the edge displacements ``shifts`` (zeros: the
+    package differentiates them) as cell shifts of a unit cell, dead atoms
+    in a second system. Models
     with per-edge-type cutoffs are refused (their pairs are pruned per type
     pair, which the pair style does not do)."""
     from ase.data import atomic_numbers
@@ -376,13 +378,15 @@ def lammps_input(model: torch.nn.Module) -> tuple[tuple[int, ...], Any]:
     zs = tuple(atomic_numbers[t] for t in type_names)
     keep = set(graph_model.model_input_fields) | {"pbc", "atomic_numbers"}
 
-    def build(positions: Tensor, species: Tensor, dead: Tensor, edge_index: Tensor) -> dict[str, Tensor]:
+    def build(positions: Tensor, species: Tensor, dead: Tensor, edge_index: Tensor,
+              shifts: Tensor) -> dict[str, Tensor]:
         n, device = positions.shape[0], positions.device
         alive = (~dead).sum()
         data = {
             "pos": positions.to(torch.float64), "edge_index": edge_index,
-            "edge_cell_shift": torch.zeros(edge_index.shape[1], 3, dtype=torch.float64, device=device),
-            "cell": torch.zeros(2, 3, 3, dtype=torch.float64, device=device),
+            # edge vectors gain shifts @ cell: an identity cell makes them Cartesian
+            "edge_cell_shift": shifts.to(torch.float64),
+            "cell": torch.eye(3, dtype=torch.float64, device=device).expand(2, 3, 3),
             "pbc": torch.zeros(2, 3, dtype=torch.bool, device=device),
             "atomic_numbers": torch.tensor(zs, device=device)[species], "atom_types": species,
             "batch": dead.long(), "num_atoms": torch.stack([alive, n - alive]),

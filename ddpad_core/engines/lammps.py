@@ -78,12 +78,19 @@ class OwnedEnergy:
         The output key of the per-atom energies (``atom_energy_key``).
     positions_key
         The input key of the positions the energy is differentiated by.
+
+    A call given ``edge_shifts`` (a tensor the model's edge vectors were
+    built with, added to them: a ``pair_style ddpad`` package's zero
+    displacements) also returns the owned energy's gradient with respect
+    to it as ``"edge_gradient"``, from the same backward pass: per-atom
+    virials are made of it.
     """
 
     def __init__(self, call: Any, energy_key: str, positions_key: str) -> None:
         self.call, self.energy_key, self.positions_key = call, energy_key, positions_key
 
-    def __call__(self, model: Any, data: Any, owned: torch.Tensor, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def __call__(self, model: Any, data: Any, owned: torch.Tensor, *args: Any,
+                 edge_shifts: torch.Tensor | None = None, **kwargs: Any) -> dict[str, Any]:
         positions = data[self.positions_key]
         if not positions.requires_grad:  # (an adapter's step may have asked for it already)
             positions.requires_grad_(True)
@@ -91,8 +98,12 @@ class OwnedEnergy:
         energies = out[self.energy_key]
         mine = torch.arange(energies.shape[0], device=energies.device) < owned
         total = torch.where(mine.view(-1, *([1] * (energies.dim() - 1))), energies, 0.0).sum()
-        (grad,) = torch.autograd.grad(total, positions)
-        return {self.energy_key: energies.detach(), "owned_energy": total.detach(), "forces": -grad}
+        wrt = [positions] if edge_shifts is None else [positions, edge_shifts]
+        grads = torch.autograd.grad(total, wrt)
+        result = {self.energy_key: energies.detach(), "owned_energy": total.detach(), "forces": -grads[0]}
+        if edge_shifts is not None:
+            result["edge_gradient"] = grads[1]
+        return result
 
 
 class _OwnedAdapter(Adapter):

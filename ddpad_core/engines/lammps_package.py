@@ -9,7 +9,9 @@ dead atoms in a system of their own and dead edges on the anchor pair
 ``caps - 2 -> caps - 1`` (as ddpad's padders place them), builds the
 adapter's native input from these tensors (its ``lammps_input`` hook), runs
 the model, and differentiates the owned atoms' energy with respect to every
-row (:class:`~ddpad.engines.lammps.OwnedEnergy`). So the C++ side is the
+row (:class:`~ddpad.engines.lammps.OwnedEnergy`) and to every edge vector
+(per-atom virials: each edge's ``-r (x) dE/dr`` half on each end, LAMMPS's
+``xx yy zz xy xz yz`` order, ghost rows included). So the C++ side is the
 same for every adapter: copy the rows in, run the smallest rung that fits,
 write forces on local and ghost rows back for LAMMPS's reverse
 communication.
@@ -44,8 +46,8 @@ from .._version import __version__
 __all__ = ["GhostGraph", "LammpsPackage", "build_ladder", "build_package", "ghost_graph", "ladder_caps",
            "read_metadata"]
 
-#: The package layout the pair style reads (metadata ``ddpad.lammps``).
-FORMAT = "1"
+#: The package layout the pair style reads (metadata ``ddpad.lammps``); 2: per-atom virials.
+FORMAT = "2"
 #: Dead atom rows every package keeps past the real ones: the anchor pair of the dead edges.
 RESERVED = 2
 
@@ -176,9 +178,11 @@ class LammpsPackage:
 
 
 def _lammps_step(model: torch.nn.Module, adapter: Any, build: Callable[..., dict[str, Any]],
-                 edge_length: float) -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+                 edge_length: float) -> Callable[..., tuple[torch.Tensor, ...]]:
     """The package's step: pad past the counts, build the native input, run
-    the adapter's step with the owned atoms' energy differentiated."""
+    the adapter's step with the owned atoms' energy differentiated. Returns
+    the owned energy, forces ``(n, 3)``, per-atom energies ``(n,)`` and
+    per-atom virials ``(n, 6)``."""
     from .lammps import OwnedEnergy
 
     engine = adapter.engine
@@ -187,7 +191,7 @@ def _lammps_step(model: torch.nn.Module, adapter: Any, build: Callable[..., dict
     config = adapter.dynamo_config
 
     def step(positions: torch.Tensor, species: torch.Tensor, edges: torch.Tensor,
-             counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             counts: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n, e, device = positions.shape[0], edges.shape[1], positions.device
         dead = torch.arange(n, device=device) >= counts[0]
         dead_edge = torch.arange(e, device=device) >= counts[1]
@@ -199,12 +203,33 @@ def _lammps_step(model: torch.nn.Module, adapter: Any, build: Callable[..., dict
         spot = (last & along_x).to(positions.dtype) * edge_length
         positions = positions.detach().requires_grad_(True)
         placed = torch.where(dead[:, None], spot, positions)
-        data = build(placed, torch.where(dead, 0, species), dead, torch.where(dead_edge, anchor, edges))
-        out = run_step(model, owned_energy, config, data, (counts[2],), options)
+        pairs = torch.where(dead_edge, anchor, edges)
+        shifts = torch.zeros(e, 3, dtype=torch.float64, device=device, requires_grad=True)
+        data = build(placed, torch.where(dead, 0, species), dead, pairs, shifts)
+        out = run_step(model, owned_energy, config, data, (counts[2],), {**options, "edge_shifts": shifts})
         energies = out[engine.atom_energy_key]
-        return out["owned_energy"], out["forces"], energies.reshape(n, -1).sum(dim=1)
+        return (out["owned_energy"], out["forces"], energies.reshape(n, -1).sum(dim=1),
+                _atom_virials(placed.detach(), pairs, out["edge_gradient"]))
 
     return step
+
+
+def _atom_virials(positions: torch.Tensor, pairs: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+    """Per-atom virials ``(n, 6)``: each edge's ``-r (x) dE/dr`` (``r`` from
+    sender to receiver), symmetrised, half on each end (as mace's atomic
+    virials), in LAMMPS's order xx yy zz xy xz yz. Their sum is the virial
+    ``sum_i r_i (x) f_i`` (the energy depends on the positions through the
+    edge vectors alone, and is rotation invariant: the sum is symmetric)."""
+    r = positions[pairs[1]] - positions[pairs[0]]
+    g = gradient.to(r.dtype)
+
+    def sym(a: int, b: int) -> torch.Tensor:
+        return 0.5 * (r[:, a] * g[:, b] + r[:, b] * g[:, a])
+
+    w = -0.5 * torch.stack([r[:, 0] * g[:, 0], r[:, 1] * g[:, 1], r[:, 2] * g[:, 2],
+                            sym(0, 1), sym(0, 2), sym(1, 2)], dim=1)
+    virials = torch.zeros(positions.shape[0], 6, dtype=r.dtype, device=r.device)
+    return virials.index_add(0, pairs[0], w).index_add(0, pairs[1], w)
 
 
 def _inputs(graph: GhostGraph, atoms: int, edges: int) -> list[torch.Tensor]:
@@ -279,7 +304,7 @@ def build_package(model: torch.nn.Module, adapter: Any, atoms: int, edges: int, 
         bad = nonfinite(got)
         n = graph.n_atoms
         why = (f"NaN or inf in {bad}" if bad else
-               disagreement([got[0], got[1][:n], got[2][:n]], [t.detach() for t in eager], model))
+               disagreement([got[0], *(t[:n] for t in got[1:])], [t.detach() for t in eager], model))
         if why is not None:
             raise ValueError(f"the {adapter.name} package at caps ({atoms} atoms, {edges} edges) disagrees with "
                              f"the eager model ({why}): not written")

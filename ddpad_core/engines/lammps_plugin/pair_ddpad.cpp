@@ -48,7 +48,7 @@ namespace LAMMPS_NS {
 
 namespace {
 
-constexpr const char *FORMAT = "1";  // the package layout this plugin reads (metadata ddpad.lammps)
+constexpr const char *FORMAT = "2";  // the package layout this plugin reads (metadata ddpad.lammps)
 
 struct Rung {
   std::string path;
@@ -297,9 +297,6 @@ void PairDdpad::collect()
 void PairDdpad::compute(int eflag, int vflag)
 {
   ev_init(eflag, vflag);
-  if (vflag_atom)
-    error->all(FLERR, "pair_style ddpad does not compute per-atom virials (compute stress/atom) yet; the global "
-                      "virial and pressure are exact");
   collect();
   double **x = atom->x, **f = atom->f;
   int *type = atom->type;
@@ -334,6 +331,12 @@ void PairDdpad::compute(int eflag, int vflag)
       auto energies = out[2].to(torch::kFloat64).contiguous();
       auto ea = energies.accessor<double, 1>();
       for (int i = 0; i < nlocal; i++) eatom[i] += ea[i];  // (owned atoms are the first rows)
+    }
+    if (vflag_atom) {  // local and ghost rows: compute stress/atom sums ghosts to owners (newton on)
+      auto virials = out[3].to(torch::kFloat64).contiguous();
+      auto va = virials.accessor<double, 2>();
+      for (int r = 0; r < natoms; r++)
+        for (int c = 0; c < 6; c++) vatom[rows[r]][c] += va[r][c];
     }
   } catch (const std::exception &exc) {
     error->one(FLERR, "pair_style ddpad: running {} at step {} failed: {}", rung.path, update->ntimestep,
