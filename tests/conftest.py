@@ -21,6 +21,38 @@ def user_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory):
         yield
 
 
+def _untrace() -> None:
+    """pytest (9) attaches its log capture to every logger that does not
+    propagate, torch's trace logger included: every compile then builds its
+    structured-trace payloads (graph dumps) for pytest to capture, and
+    compiling threads meet at pytest's handler locks (a CI run hung in two
+    compiling threads both waiting on one). Torch's own handler stays."""
+    import logging
+
+    trace = logging.getLogger("torch.__trace")
+    for handler in list(trace.handlers):
+        if type(handler).__module__.startswith("_pytest"):
+            trace.removeHandler(handler)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_setup(item: pytest.Item):
+    _untrace()  # (inside pytest's own wrapper, which attached its handlers)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_call(item: pytest.Item):
+    _untrace()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    _untrace()
+    return (yield)
+
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo_cache():
     """Each test counts its own compiles: start from an empty Dynamo cache
