@@ -131,8 +131,10 @@ class TightPolicy:
     """``cap_policy="tight"``: caps that settle close to the need.
 
     A run starts at each padder's own caps (:meth:`CapPolicy.initial`: head
-    room while nothing is known), watches its needs for ``settle`` calls and
-    then fits every cap to the highest need it saw: that need times
+    room while nothing is known), watches its needs for ``settle`` calls,
+    running them on the eager step (a graph compiled at caps about to be
+    fitted would serve no later call), and then fits every cap to the
+    highest need it saw, and compiles there: that need times
     ``1 + margin`` for a count that moved in the window (edges), the need
     itself for one that held still over two calls or more (an MD run's
     atoms), rounded up to a fine
@@ -210,6 +212,12 @@ class TightCaps:
         overflows its cap before it does (``rows``: key, need, cap, policy)."""
         return not self.settled and (self.due or any(
             cap is not None and not policy.fits(need, cap) for _, need, cap, policy in rows))
+
+    def watching(self, rows: Sequence[Any]) -> bool:
+        """Whether a call with scope rows ``rows`` (:class:`Row`) is one of
+        the window's before the fit: it runs the eager step, for nothing
+        compiled at caps the fit is about to change is used again."""
+        return not self.settled and not self.settling([(r.key, r.need, r.old, r.policy) for r in rows])
 
     def fitted(self, key: str, policy: CapPolicy, need: int, old: int | None) -> int:
         """``key``'s cap when the caps are fitted: to the highest need seen

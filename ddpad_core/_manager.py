@@ -173,6 +173,14 @@ class CompileManager:
         """The step's outputs, through the first route of the chain that takes it."""
         return self.dispatch(self.route, step)
 
+    def run_eager(self, step: Step) -> Any:
+        """The step on the eager route, the bottom of the chain (a tight
+        sizing's window: nothing is built at caps about to be fitted)."""
+        route = self.route
+        while route.fallback is not None:
+            route = route.fallback
+        return route.run((), step)
+
     def dispatch(self, route: Route, step: Step) -> Any:
         """``step`` through ``route``, or the first route below it that takes
         it: a key ready and checked only runs (nearly every call); a key's

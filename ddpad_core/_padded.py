@@ -207,9 +207,13 @@ class PaddedModel(torch.nn.Module):
                 t0 = time.perf_counter()
                 padded = self.padder.pad(data, trial)
                 pad_seconds += time.perf_counter() - t0
-                notice = self._notice(index, trial) if options.compile else None
                 step = Step(padded, args, kwargs, data, trial)
-                if notice is None:  # nearly every call
+                watching = options.compile and sizer is not None and not sizer.settled and sizer.watching(rows)
+                notice = self._notice(index, trial) if options.compile and not watching else None
+                if watching:  # tight caps not fitted yet: the eager step, and one compile at the fitted caps
+                    out = self.manager.run_eager(step)
+                    stats.record_settling_step()
+                elif notice is None:  # nearly every call
                     out = self.manager.run(step)
                 else:
                     work_before = stats.snapshot()

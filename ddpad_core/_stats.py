@@ -75,6 +75,9 @@ class Stats:
     eager_steps
         Calls run unpadded and eager because a need exceeded its ceiling
         (``on_overflow="eager"``).
+    settling_steps
+        Calls run on the (padded) eager step while tight caps settle
+        (``cap_policy="tight"``): nothing compiles before the caps are fitted.
     graphs_compiled, graphs_loaded
         Of ``graphs``: those the backend compiled, and those it loaded from
         torch's caches (a compile-store entry, or torch's own on-disk cache).
@@ -140,6 +143,7 @@ class Stats:
     unexplained: list[str] = field(default_factory=list)
     failed_growths: list[CapEvent] = field(default_factory=list)
     eager_steps: int = 0
+    settling_steps: int = 0
     graphs_compiled: int = 0
     graphs_loaded: int = 0
     graphs_uncached: int = 0
@@ -218,6 +222,10 @@ class Stats:
         if allocations is not None and before is not None:
             self.pad_allocations = allocations
             self.last_pad_allocations = allocations - before
+
+    def record_settling_step(self) -> None:
+        """A call of a tight sizing's window, run on the eager step."""
+        self.settling_steps += 1
 
     def record_eager_step(self) -> None:
         """A finished call run unpadded and eager (``on_overflow="eager"``)."""
@@ -347,6 +355,7 @@ class Stats:
             "unexplained": list(self.unexplained),
             "failed_growths": [vars(e) for e in self.failed_growths],
             "eager_steps": self.eager_steps,
+            "settling_steps": self.settling_steps,
             **{name: getattr(self, name) for name in _COMPILE_FIELDS},
         }
 

@@ -361,7 +361,8 @@ def test_a_logging_handler_hears_each_compile_as_an_event() -> None:
     """The compile announcement is a hook of the library: a handler on the
     ``ddpad`` logger gets a :class:`ddpad.CompileEvent` on each record (what
     ``ddpad run`` prints from), start and done, naming the kind of call and
-    its caps; a steady call sends none."""
+    its caps; a steady call sends none, nor does a call of a tight sizing's
+    window (it runs the eager step: nothing compiles before the fit)."""
     events: list[ddpad.CompileEvent] = []
 
     class Hear(logging.Handler):
@@ -376,18 +377,18 @@ def test_a_logging_handler_hears_each_compile_as_an_event() -> None:
     try:
         wrapped = padded_model(MPNN(), backend="aot_eager", cap_policy=ddpad.TightPolicy(settle=2), verify=False)
         steps = trajectory(30, 1, seed=3)
-        wrapped(steps[0])
-        wrapped(steps[0])  # fits the caps
+        wrapped(steps[0])  # the window: eager
+        wrapped(steps[0])  # fits the caps: the first compile
         wrapped(steps[0])
         wrapped(trajectory(1, 2, seed=4, n0=80)[0])  # grows them
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
     assert [(e.phase, e.kind) for e in events] == [
-        ("start", "first"), ("done", "first"), ("start", "fitted"), ("done", "fitted"),
-        ("start", "grew"), ("done", "grew")], events
+        ("start", "fitted"), ("done", "fitted"), ("start", "grew"), ("done", "grew")], events
     assert events[0].caps and events[-1].caps == dict(wrapped.cap_state)
-    assert events[2].change and wrapped.stats.fits[0].key in events[2].change
+    assert events[0].change and wrapped.stats.fits[0].key in events[0].change
+    assert wrapped.stats.settling_steps == 1
     assert all(e.built == "graph" for e in events)
 
 

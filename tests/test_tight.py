@@ -212,14 +212,22 @@ def test_shrink_under_tight_refits() -> None:
 # -- compiled: graphs, the warm ladder -----------------------------------------------
 
 
-def test_a_tight_run_compiles_once_more_for_its_fit_and_nothing_unexplained() -> None:
+def test_a_tight_run_compiles_once_at_its_fit_and_nothing_unexplained() -> None:
+    """Before (#53): the first call compiled at head-room caps and the fit on
+    call 9 compiled again (two graphs, one used nine times); the window's
+    calls now run the eager step, and the one graph is the fitted one."""
     gen = torch.Generator().manual_seed(0)
     model = wrapped(compile=True, backend="aot_eager", cap_policy="tight", on_recompile="raise")
-    for step in range(20):
-        model(graph(120, 1200 + step % 7, gen))
+    inputs = [graph(120, 1200 + step % 7, gen) for step in range(20)]
+    for data in inputs:
+        model(data)
     stats = model.stats
-    assert stats.graphs == 1 + stats.fit_calls + stats.growth_calls == 2
-    assert stats.max_graphs_per_frame == 2
+    assert stats.graphs == stats.fit_calls == 1 and stats.growth_calls == 0
+    assert set(stats.graphs_by_call) == {TIGHT.settle - 1} and stats.settling_steps == TIGHT.settle - 1
+    eager = wrapped(compile=False)
+    for data in inputs[-3:]:  # the compiled calls after the window give the model's numbers
+        ref, got = eager(data), model(data)
+        assert all(torch.allclose(got[k], ref[k], atol=1e-10) for k in ref)
 
 
 def test_the_warm_ladder_fits_on_the_first_call_and_climbs_in_fine_rungs() -> None:

@@ -247,7 +247,9 @@ def _steps(
                 raise _Interrupted(f"interrupted during the first {what_ran}; nothing was written") from None
             first = time.perf_counter() - started
             if not args.no_compile:
-                print(f"first call {first:.1f} s: {stats.work()}", flush=True)
+                said = ("the eager step: tight caps settle before the one compile" if stats.settling_steps
+                        else stats.work())
+                print(f"first call {first:.1f} s: {said}", flush=True)
             if args.traj:  # opened only now: an interrupted first compile leaves no empty file
                 import ase.io
 
