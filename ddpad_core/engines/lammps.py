@@ -70,6 +70,12 @@ class OwnedEnergy:
     ``owned`` is a 0-d integer tensor (a package input: the count changes
     every step, the package does not).
 
+    A call given ``edge_shifts`` (a tensor the model's edge vectors were
+    built with, added to them: a ``pair_style ddpad`` package's zero
+    displacements) also returns the owned energy's gradient with respect
+    to it as ``"edge_gradient"``, from the same backward pass: per-atom
+    virials are made of it.
+
     Parameters
     ----------
     call
@@ -78,12 +84,6 @@ class OwnedEnergy:
         The output key of the per-atom energies (``atom_energy_key``).
     positions_key
         The input key of the positions the energy is differentiated by.
-
-    A call given ``edge_shifts`` (a tensor the model's edge vectors were
-    built with, added to them: a ``pair_style ddpad`` package's zero
-    displacements) also returns the owned energy's gradient with respect
-    to it as ``"edge_gradient"``, from the same backward pass: per-atom
-    virials are made of it.
     """
 
     def __init__(self, call: Any, energy_key: str, positions_key: str) -> None:
