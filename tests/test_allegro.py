@@ -125,4 +125,6 @@ def test_cli_run_three_steps(tmp_path: pathlib.Path) -> None:
     res = subprocess.run([sys.executable, "-m", "ddpad", "run", "allegro", "--steps", "3", "--backend", "aot_eager"],
                          check=False, capture_output=True, text=True, cwd=tmp_path, timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "compiled graphs: 1; growth calls: 0; unexplained recompiles: 0" in res.stdout, res.stdout[-2000:]
+    # tight caps fitted on the last of the four calls (the window shortened to the run), compiled there once
+    assert "compiled graphs: 1; growth calls: 0 (" in res.stdout, res.stdout[-2000:]
+    assert "unexplained recompiles: 0" in res.stdout, res.stdout[-2000:]

@@ -182,7 +182,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     compile_kwargs = _store_options(args) if not args.no_compile else {}
     # a caps file goes in as its path: it says whether a tight run fitted its caps
     preset = caps_path if caps_in is not None else None
-    calc = Calculator(model, adapter, compile=not args.no_compile, caps=preset, cap_policy=args.cap_policy,
+    policy: Any = args.cap_policy
+    if policy == "tight":  # a run shorter than the window still fits, and compiles once, on its last call
+        from .. import TightPolicy
+
+        policy = TightPolicy(settle=min(TightPolicy().settle, args.steps + 1))
+    calc = Calculator(model, adapter, compile=not args.no_compile, caps=preset, cap_policy=policy,
                       **compile_kwargs)
     wrapped = calc.wrapped
     assert wrapped is not None
