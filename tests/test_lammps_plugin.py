@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -152,17 +153,22 @@ def _dump(path: pathlib.Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     return table[:, 0].astype(int), table[:, 1:4], table[:, 4:7], -table[:, 7:13] / NKTV2P
 
 
+def _box(positions: np.ndarray) -> Any:
+    """The whole periodic diamond box of ``in.diamond`` (4 x 2 x 2 cells) at ``positions``."""
+    from ase import Atoms
+
+    return Atoms(numbers=[6] * len(positions), positions=positions, cell=np.diag([4 * 3.57, 2 * 3.57, 2 * 3.57]),
+                 pbc=True)
+
+
 def _mace_atom_virials(model_file: pathlib.Path, positions: np.ndarray) -> np.ndarray:
     """mace's own atomic virials (``compute_atomic_stresses``) of the plain
     eager model on the whole periodic box, in LAMMPS's order."""
     import torch
-    from ase import Atoms
     from ddpad.adapters import get
 
     model = torch.load(model_file, weights_only=False)
-    atoms = Atoms(numbers=[6] * len(positions), positions=positions, cell=np.diag([4 * 3.57, 2 * 3.57, 2 * 3.57]),
-                  pbc=True)
-    out = model(get("mace").engine.build_input(model, atoms), compute_force=True, compute_stress=True,
+    out = model(get("mace").engine.build_input(model, _box(positions)), compute_force=True, compute_stress=True,
                 compute_atomic_stresses=True, training=False)
     w = out["atomic_virials"].detach().numpy()
     return np.stack([w[:, 0, 0], w[:, 1, 1], w[:, 2, 2], w[:, 0, 1], w[:, 0, 2], w[:, 1, 2]], axis=1)
@@ -171,14 +177,12 @@ def _mace_atom_virials(model_file: pathlib.Path, positions: np.ndarray) -> np.nd
 def _eager(model_file: pathlib.Path, adapter: str, positions: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
     """Energy, forces and virial of the plain eager model on the whole periodic box."""
     import torch
-    from ase import Atoms
     from ddpad import Evaluator
 
     model = torch.load(model_file, weights_only=False)
-    cell = np.diag([4 * 3.57, 2 * 3.57, 2 * 3.57])
-    atoms = Atoms(numbers=[6] * len(positions), positions=positions, cell=cell, pbc=True)
+    atoms = _box(positions)
     out = Evaluator(model, adapter, pad=False, compile=False)(atoms, stress=True)
-    virial = -out["stress"].detach().numpy().reshape(3, 3) * abs(np.linalg.det(cell))
+    virial = -out["stress"].detach().numpy().reshape(3, 3) * atoms.get_volume()
     return float(out["energy"].detach().sum()), out["forces"].detach().numpy(), virial
 
 
@@ -196,7 +200,7 @@ def _one_and_two_ranks_match_the_eager_model(built: dict[str, pathlib.Path], whe
         assert abs(first["pe"] - energy) <= 1e-10 * abs(energy)
         assert np.abs(forces - reference).max() <= 1e-10 * np.abs(reference).max()
         # pressure: LAMMPS's (2 KE + trace W) / 3V in bar, from the eager virial
-        volume = 16 * 3.57 ** 3
+        volume = _box(positions).get_volume()
         press = (2 * first["ke"] + np.trace(virial)) / (3 * volume) * NKTV2P
         assert abs(first["press"] - press) <= 1e-9 * abs(press)
         # per-atom virials (compute stress/atom): ghosts' summed to their owners, the sum the eager virial
