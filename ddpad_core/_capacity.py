@@ -145,6 +145,13 @@ class TightPolicy:
     keeps growing soon grows in the padder's own steps, not in a compile per
     two per cent), never beyond :meth:`CapPolicy.grow`.
 
+    A window whose needs swung by more than ``changing`` (a key's highest
+    need over its lowest, minus one: the atom count of a run that inserts
+    and deletes atoms, a batch whose systems come and go; an MD run's edges
+    swing by well under it) is a changing run: its caps are kept where they
+    are, at head room, and grow as head room's do, for a fit down would be
+    paid for in a compile per growth that follows.
+
     Parameters
     ----------
     settle
@@ -152,10 +159,16 @@ class TightPolicy:
         the first call, as ``ddpad precompile`` does).
     margin
         Head room over the highest need of a count that moved (``[0, 0.25]``).
+    changing
+        The swing over the window that makes a run a changing one (``[0,
+        1]``; 0.04 by default: measured on a 64-atom MACE diamond cell, its
+        edges swung 0.3 % over ten Langevin steps at 300 K and 2-3 % at
+        1000 K; one insertion among 64 atoms moves its edges 5 %).
     """
 
     settle: int = 10
     margin: float = 0.02
+    changing: float = 0.04
 
     def __post_init__(self) -> None:
         if isinstance(self.settle, bool) or not isinstance(self.settle, int) or self.settle < 1:
@@ -163,6 +176,9 @@ class TightPolicy:
         margin = self.margin
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= margin <= 0.25:
             raise ValueError(f"margin must be a fraction in [0, 0.25], got {margin!r}")
+        changing = self.changing
+        if isinstance(changing, bool) or not isinstance(changing, (int, float)) or not 0.0 <= changing <= 1.0:
+            raise ValueError(f"changing must be a fraction in [0, 1], got {changing!r}")
 
     def fit(self, policy: CapPolicy, need: int, margin: float | None = None) -> int:
         """The tight cap of ``need`` rows: the smallest multiple of the fine
@@ -192,11 +208,12 @@ class TightCaps:
     agreement group the needs are the agreed (MAX) ones and the window counts
     calls, so every rank fits the same caps on the same call."""
 
-    __slots__ = ("growths", "high", "low", "policy", "settled", "watched")
+    __slots__ = ("changing", "growths", "high", "low", "policy", "settled", "watched")
 
     def __init__(self, policy: TightPolicy, *, settled: bool = False) -> None:
         self.policy = policy
         self.settled = settled  # True for preset caps (a caps file): they are already fitted
+        self.changing: str | None = None  # at the fit: why the run is a changing one (its caps kept)
         self.watched = 0  # calls observed before the fit
         self.high: dict[str, int] = {}
         self.low: dict[str, int] = {}
@@ -219,9 +236,24 @@ class TightCaps:
         compiled at caps the fit is about to change is used again."""
         return not self.settled and not self.settling([(r.key, r.need, r.old, r.policy) for r in rows])
 
-    def fitted(self, key: str, policy: CapPolicy, need: int, old: int | None) -> int:
+    def swing(self, needs: Sequence[tuple[str, int]]) -> str | None:
+        """Why a fit with this call's ``needs`` (key, need) finds a changing
+        run ("edges swung 5.3 % over 10 calls"), or None for a steady one."""
+        worst, why = self.policy.changing, None
+        for key, need in needs:
+            high, low = max(need, self.high.get(key, need)), min(need, self.low.get(key, need))
+            swing = high / low - 1.0 if low else 0.0
+            if swing > worst:
+                worst, why = swing, f"{key} swung {100 * swing:.1f} % over {self.watched + 1} calls"
+        return why
+
+    def fitted(self, key: str, policy: CapPolicy, need: int, old: int | None, changing: bool = False) -> int:
         """``key``'s cap when the caps are fitted: to the highest need seen
-        (this call's included), never above a cap that still holds it."""
+        (this call's included), never above a cap that still holds it; in a
+        ``changing`` run, the cap it has, grown as head room grows it when
+        ``need`` overflows it."""
+        if changing:
+            return policy.initial(need) if old is None else old if policy.fits(need, old) else policy.grow(need)
         high, low = max(need, self.high.get(key, need)), min(need, self.low.get(key, need))
         still = key in self.high and high == low  # held still over two calls at least; one call says nothing
         cap = self.policy.fit(policy, high, 0.0 if still else None)
@@ -229,13 +261,18 @@ class TightCaps:
 
     def grown(self, key: str, policy: CapPolicy, need: int, ahead: int = 0) -> int:
         """The cap a need past ``key``'s fitted cap grows to (``ahead``: as
-        if that many growths came first, for rungs up the ladder)."""
+        if that many growths came first, for rungs up the ladder); head
+        room's growth in a changing run."""
+        if self.changing is not None:
+            return policy.grow(need)
         return self.policy.grow(policy, need, self.growths.get(key, 0) + ahead)
 
     def observe(self, rows: Sequence[tuple[Any, ...]]) -> bool:
         """A successful call's scope rows ``(key, real, need, old, cap,
         policy)``; True when it fitted the caps."""
         settles = self.settling([(key, need, old, policy) for key, _, need, old, _, policy in rows])
+        if settles:
+            self.changing = self.swing([(key, need) for key, _, need, _, _, _ in rows])
         if not self.settled:
             self.watched += 1
             for key, _, need, _, _, _ in rows:
@@ -462,11 +499,12 @@ def _resolve(
     rows: list[Row] = []
     fitting = sizer is not None and sizer.settling(
         [(key, need, current.get(key), policy) for key, need, policy in zip(keys, needs, policies)])
+    changing = fitting and sizer is not None and sizer.swing(list(zip(keys, needs))) is not None
     for key, real, need, policy, ceiling, mine in zip(keys, reals, needs, policies, limits, own):
         old = current.get(key)
         if fitting:
             assert sizer is not None
-            cap = sizer.fitted(key, policy, need, old)
+            cap = sizer.fitted(key, policy, need, old, changing)
         elif old is None:
             cap = policy.initial(need)
         elif not policy.fits(need, old):

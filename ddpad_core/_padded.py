@@ -18,13 +18,13 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._agreement import AgreementError, current_agreement
-from ._capacity import CapacityError, CapResolution, CapScope, ScopedCaps, TightCaps, resolutions
+from ._capacity import CapacityError, CapResolution, CapScope, Row, ScopedCaps, TightCaps, resolutions
 from ._caps_file import caps_fitted, load_caps, save_caps
 from ._context import DistributedContext, activate_dd_context, current_dd_context
 from ._manager import CompileManager
@@ -209,7 +209,7 @@ class PaddedModel(torch.nn.Module):
                 pad_seconds += time.perf_counter() - t0
                 step = Step(padded, args, kwargs, data, trial)
                 watching = options.compile and sizer is not None and not sizer.settled and sizer.watching(rows)
-                notice = self._notice(index, trial) if options.compile and not watching else None
+                notice = self._notice(index, trial, rows) if options.compile and not watching else None
                 if watching:  # tight caps not fitted yet: the eager step, and one compile at the fitted caps
                     out = self.manager.run_eager(step)
                     stats.record_settling_step()
@@ -240,13 +240,15 @@ class PaddedModel(torch.nn.Module):
         if measure:
             self._derive_ceilings(data)
         fitted = sizer is not None and sizer.observe_call(rows)  # True on the one call that fits the caps
+        if fitted and sizer.changing is not None:
+            stats.changing_run = f"step {index}: {sizer.changing}"
         # the ladder climbs from the first call's caps, or from the fitted ones under a tight sizing
         if options.warm_ladder and (fitted or (index == 0 and (sizer is None or sizer.settled))):
             self._warm(data, args, kwargs, resolutions(rows))
         stats.record_pads(pad_seconds, getattr(self.padder, "allocations", None), allocations_before)
         if index == 0 or self.shrinker is not None or self.manager.background is not None \
                 or any(r.old != r.cap for r in rows):
-            self._sized(index, resolutions(rows), data, args, kwargs, fitted,
+            self._sized(index, resolutions(rows), data, args, kwargs, fitted and stats.changing_run is None,
                         time.perf_counter() - started, stats.graphs > graphs_before, agreement is not None)
         else:  # nothing sized or grew (nearly every call): only the fills changed
             stats.record_fills(rows)
@@ -276,16 +278,23 @@ class PaddedModel(torch.nn.Module):
             if shrinks:
                 self.stats.record_shrinks(shrinks, self.cap_state)
 
-    def _notice(self, index: int, trial: dict[str, int]) -> CompileNotice | None:
-        """The notice of a call that may compile at caps ``trial``: the first
-        call, one whose caps changed (fitted or grew), or the first after a
-        shrink to caps no graph is ready for; None for any other."""
+    def _notice(self, index: int, trial: dict[str, int], rows: Sequence[Row]) -> CompileNotice | None:
+        """The notice of a call that may compile at caps ``trial`` (its scope
+        rows ``rows``): the first call, one whose caps changed (fitted or
+        grew) or that fits tight caps, or the first after a shrink to caps no
+        graph is ready for; None for any other."""
         change = None
+        sizer = self.manager.sizer  # (not the property: a steady call makes no call it does not need)
+        fitting = sizer is not None and not sizer.settled
         if index == 0:
             what, kind = f"first call at caps {trial}", "first"
+        elif fitting and (why := sizer.swing([(r.key, r.need) for r in rows])) is not None:
+            change = f"kept at head room ({why}: a changing run)"
+            if trial != self.cap_state:
+                change += f", {caps_changed(self.cap_state, trial, False)}"
+            what, kind = f"caps {change}", "fitted"
         elif trial != self.cap_state:
-            sizer = self.sizer
-            change = caps_changed(self.cap_state, trial, sizer is not None and not sizer.settled)
+            change = caps_changed(self.cap_state, trial, fitting)
             what, kind = f"caps {change}", change.split(" ", 1)[0]  # fitted, grew or shrank
         else:
             shrinks = self.stats.shrinks

@@ -85,7 +85,8 @@ class Shrinker:
                 continue
             self._low[r.key] = (0, 0)
             sizer = self.sizer
-            new = r.policy.grow(high, policy.factor) if sizer is None else sizer.policy.fit(r.policy, high)
+            tight = sizer is not None and sizer.changing is None  # a changing run shrinks as head room does
+            new = sizer.policy.fit(r.policy, high) if tight else r.policy.grow(high, policy.factor)
             if new < caps[r.key]:
                 shrunk[r.key], highs[r.key] = new, (r.real, high)
         if not shrunk:

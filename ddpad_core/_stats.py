@@ -78,6 +78,10 @@ class Stats:
     settling_steps
         Calls run on the (padded) eager step while tight caps settle
         (``cap_policy="tight"``): nothing compiles before the caps are fitted.
+    changing_run
+        Under ``cap_policy="tight"``, why the fit kept the caps at head room
+        ("step 9: edges swung 5.3 % over 10 calls"); None when it fitted
+        them, or before.
     graphs_compiled, graphs_loaded
         Of ``graphs``: those the backend compiled, and those it loaded from
         torch's caches (a compile-store entry, or torch's own on-disk cache).
@@ -144,6 +148,7 @@ class Stats:
     failed_growths: list[CapEvent] = field(default_factory=list)
     eager_steps: int = 0
     settling_steps: int = 0
+    changing_run: str | None = None
     graphs_compiled: int = 0
     graphs_loaded: int = 0
     graphs_uncached: int = 0
@@ -356,6 +361,7 @@ class Stats:
             "failed_growths": [vars(e) for e in self.failed_growths],
             "eager_steps": self.eager_steps,
             "settling_steps": self.settling_steps,
+            "changing_run": self.changing_run,
             **{name: getattr(self, name) for name in _COMPILE_FIELDS},
         }
 

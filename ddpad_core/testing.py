@@ -203,7 +203,8 @@ def check_tight(
     from ._capacity import TightPolicy
 
     adapter = resolve_adapter(adapter)
-    wrapped = adapter.wrap(model, compile=False, cap_policy=TightPolicy(settle=2))
+    # (changing=1.0: fitted however much the trajectory's counts swing, for fitted caps are what is checked)
+    wrapped = adapter.wrap(model, compile=False, cap_policy=TightPolicy(settle=2, changing=1.0))
     build = adapter.input_builder(model)
     options = _options(adapter)
     for step, structure in enumerate(trajectory):

@@ -210,7 +210,8 @@ def test_no_background_compile_for_needs_the_caps_were_sized_for(tmp_path: pathl
         atoms.rattle(0.05, seed=step)
         frames.append(toy.ADAPTER.engine.build_input(model, atoms))
     options = {"backend": "aot_eager", "compile_cache": tmp_path, "background_compile": 0.9}
-    with ddpad.wrap(model, toy.ADAPTER, cap_policy=ddpad.TightPolicy(settle=5), **options) as wrapped:
+    # (changing=1.0: the 27-atom cluster's edges swing past 4 % when rattled, and this is about fitted caps)
+    with ddpad.wrap(model, toy.ADAPTER, cap_policy=ddpad.TightPolicy(settle=5, changing=1.0), **options) as wrapped:
         for data in [*frames, *frames]:  # fitted on the fifth call; then the needs the window saw
             wrapped(data)
         assert wrapped.stats.fit_calls == 1 and wrapped.stats.background_started == 0

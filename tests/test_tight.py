@@ -76,7 +76,7 @@ def test_growths_after_the_fit_double_their_step_and_stop_at_the_padders_own() -
 
 
 @pytest.mark.parametrize("bad", [{"settle": 0}, {"settle": 1.5}, {"margin": -0.1}, {"margin": 0.5},
-                                 {"margin": True}])
+                                 {"margin": True}, {"changing": -0.01}, {"changing": 1.5}, {"changing": "4%"}])
 def test_a_bad_tight_policy_is_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         ddpad.TightPolicy(**bad)
@@ -113,7 +113,7 @@ def test_headroom_keeps_the_reference_caps() -> None:
 
 def test_a_growth_in_the_window_fits_every_cap_on_that_call() -> None:
     gen = torch.Generator().manual_seed(0)
-    model = wrapped(cap_policy="tight")
+    model = wrapped(cap_policy=ddpad.TightPolicy(changing=1.0))  # (the 50 % jump is not taken as a changing run)
     model(graph(300, 3000, gen))
     model(graph(300, 4500, gen))  # edges overflow the head room on call 2
     assert model.stats.fit_calls == 1 and model.stats.growths == []
@@ -121,9 +121,69 @@ def test_a_growth_in_the_window_fits_every_cap_on_that_call() -> None:
     assert model.caps["atoms"] == TIGHT.fit(ATOMS_POLICY, 300, 0.0)
 
 
+def test_a_growth_in_the_window_of_a_changing_run_grows_as_head_room() -> None:
+    gen = torch.Generator().manual_seed(0)
+    model = wrapped(cap_policy="tight")
+    model(graph(300, 3000, gen))
+    model(graph(300, 4500, gen))  # a 50 % jump: a changing run, settled on this call
+    assert model.sizer is not None and model.sizer.settled and model.stats.fits == []
+    assert model.caps == {"atoms": ATOMS_POLICY.initial(300), "systems": model.caps["systems"],
+                          "edges": EDGES_POLICY.grow(4500)}
+    assert model.stats.changing_run == "step 1: edges swung 50.0 % over 2 calls"
+
+
+def changing_frames(gen: torch.Generator, calls: int = 25) -> list[dict[str, torch.Tensor]]:
+    """A run that inserts an atom on every call (its edges with it): the
+    counts swing 9 % over a ten-call window, 24 % over the run (within the
+    head room of the first call's caps)."""
+    return [graph(100 + k, 10 * (100 + k), gen) for k in range(calls)]
+
+
+def test_a_changing_run_keeps_head_room_caps_and_grows_as_head_room_does() -> None:
+    """Before (#53): tight caps fitted the window's needs with a 2 % margin
+    and then grew on every few insertions (a compile each): on MACE over
+    ``ddpad bench``'s changing trajectory, four graphs to head room's one.
+    A window that swung past ``changing`` keeps the caps head room has."""
+    gen = torch.Generator().manual_seed(0)
+    frames = changing_frames(gen) + [graph(140, 1400, gen), graph(190, 1900, gen)]  # then two overflows
+    tight, headroom = wrapped(cap_policy="tight"), wrapped(cap_policy="headroom")
+    caps = []
+    for data in frames:
+        tight(data), headroom(data)
+        caps.append((tight.caps, headroom.caps))
+    assert all(a == b for a, b in caps[TIGHT.settle - 1:]), caps
+    assert tight.stats.fits == [] and len(tight.stats.growths) == len(headroom.stats.growths) > 0
+    assert tight.stats.changing_run is not None and tight.stats.changing_run.endswith("swung 9.0 % over 10 calls")
+    assert tight.sizer is not None and tight.sizer.changing == tight.stats.changing_run.split(": ", 1)[1]
+
+
+def test_a_steady_run_under_the_threshold_is_still_fitted() -> None:
+    gen = torch.Generator().manual_seed(0)
+    model = wrapped(cap_policy=ddpad.TightPolicy(changing=0.10))  # the same run, a wider threshold
+    for data in changing_frames(gen, 10):
+        model(data)
+    assert model.stats.fit_calls == 1 and model.stats.changing_run is None
+    assert model.caps["edges"] == TIGHT.fit(EDGES_POLICY, 1090)
+
+
+def test_a_changing_run_compiles_no_more_graphs_than_head_room() -> None:
+    gen = torch.Generator().manual_seed(0)
+    frames = changing_frames(gen)
+    counts = {}
+    for policy in ("tight", "headroom"):
+        model = wrapped(compile=True, backend="aot_eager", cap_policy=policy, on_recompile="raise")
+        for data in frames:
+            model(data)
+        counts[policy] = model.stats.graphs
+        eager = wrapped(compile=False)
+        ref, got = eager(frames[-1]), model(frames[-1])
+        assert all(torch.allclose(got[k], ref[k], atol=1e-10) for k in ref)
+    assert counts == {"tight": 1, "headroom": 1}
+
+
 def test_fitted_caps_give_the_headroom_run_s_numbers() -> None:
     gen = torch.Generator().manual_seed(1)
-    frames = [graph(200, 2000 + 13 * k, gen, s=2) for k in range(15)]
+    frames = [graph(200, 2000 + 7 * k, gen, s=2) for k in range(15)]
     tight, headroom = wrapped(cap_policy="tight"), wrapped(cap_policy="headroom")
     for data in frames:
         a, b = tight(data), headroom(data)

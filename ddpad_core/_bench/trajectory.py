@@ -95,6 +95,7 @@ def _timed(
         "compile_steps": sorted(compiled_calls),
         "growth_steps": sorted({e.call for e in stats.growths}),
         "fit_steps": sorted({e.call for e in stats.fits} | {e.call for e in stats.shrinks}),
+        "changing_run": stats.changing_run,  # tight caps kept at head room: on which step, and why
         # real rows / cap per key, the mean since the caps last changed (padded variants only)
         "fill": stats.mean_fill,
     }

@@ -19,6 +19,8 @@ def growth_line(stats: Stats) -> str:
     no growth, a fit of the caps (``cap_policy="tight"``) is said: the caps
     changed, and it compiled, without growing."""
     if not stats.growths:
+        if stats.changing_run is not None and not stats.fits:
+            return f"growth calls: 0 (tight caps kept at head room, {stats.changing_run}: a changing run)"
         if not stats.fits:
             return "growth calls: 0"
         return (f"growth calls: 0 (the caps changed once: fitted to the needs seen up to step "
@@ -38,7 +40,9 @@ def fill_line(stats: Stats, policy: str) -> str:
     fill = stats.mean_fill
     line = f"fill ({policy}, mean since the caps last changed): " + ", ".join(
         f"{k} {fill[k]:.3f} (cap {stats.caps[k]})" for k in sorted(fill))
-    if stats.fits:
+    if stats.changing_run is not None:
+        line += f"; caps kept at head room on {stats.changing_run} (a changing run)"
+    elif stats.fits:
         changed = ", ".join(f"{e.key} {e.old} -> {e.new}" for e in stats.fits)
         line += f"; caps fitted on step {stats.fits[0].call} ({changed})"
     return line

@@ -165,6 +165,8 @@ class _Accounting:
         rows = caps.scope.rows
         fitted = sizer is not None and sizer.observe_call(rows)  # (needs agreed: every rank fits on the same pad)
         resolved = resolutions(rows)
+        if fitted and sizer.changing is not None:  # a changing run: caps kept, a growth on this pad is one
+            self.stats.changing_run, fitted = f"step {self.stats.calls}: {sizer.changing}", False
         self.stats.record_call(self.stats.calls, resolved, {**self.stats.caps, **{r.key: r.cap for r in resolved}},
                                fitted)
 
