@@ -479,9 +479,14 @@ class PaddedModel(torch.nn.Module):
         save_caps(self.cap_state, path, **meta)
 
     def load_caps(self, source: Mapping[str, int] | str | os.PathLike[str]) -> None:
-        """Preset caps (they still grow if a real count overflows them)."""
+        """Preset caps (they still grow if a real count overflows them).
+        Before the first call, caps a tight run fitted (a mapping, or a
+        file that says so) are kept as ``caps=`` keeps them: no window."""
         name = self.adapter.name if self.adapter is not None else None
         loaded = load_caps(source, adapter=name, ceilings=self.max_caps)
+        sizer = self.sizer
+        if sizer is not None and not sizer.settled and self.stats.calls == 0 and caps_fitted(source):
+            sizer.settled = True
         self.cap_state.update(loaded)
         self._loaded_keys |= set(loaded)
         self.stats.caps = dict(self.cap_state)

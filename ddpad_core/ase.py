@@ -10,6 +10,8 @@ Requires ``ase`` (installed with any model extra)::
 from __future__ import annotations
 
 import functools
+import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -25,9 +27,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without ase
     raise ImportError(f"ddpad.ase needs ASE: pip install ase (or any model extra, e.g. "
                       f"{install_command('mace')})") from exc
 
+from ._caps_file import cached_caps_path as _cached_caps_path
 from ._evaluator import Evaluator, engine_wrap_options
+from ._fs import cache_dir
 from ._padded import PaddedModel
+from ._store import model_fingerprint
 from ._structures import Structures
+
+log = logging.getLogger("ddpad")
 
 __all__ = ["Calculator"]
 
@@ -68,6 +75,11 @@ class Calculator(_AseCalculator):
         (:func:`ddpad.default_store_dir`) for a padded model compiled by
         Inductor, as in torch-sim and LAMMPS: tight caps, and the next
         process finds the graphs; ``compile_cache=None`` for neither.
+        Bound to a store, with tight caps and no ``caps=``, the calculator
+        starts from the caps ``ddpad precompile`` or an earlier run fitted
+        to this model (its architecture) on this system (its formula and
+        periodicity), kept in ddpad's user cache, and writes its own there
+        once they are fitted: its first call loads what they built.
 
     Attributes
     ----------
@@ -97,6 +109,11 @@ class Calculator(_AseCalculator):
         self._device = next(model.parameters()).device
         self._molecules = self.evaluate.adapter.engine.molecules
         self._composition: tuple[Any, Structures] | None = None
+        wrapped = self.wrapped
+        # the user cache's caps of this model on the first call's system (see the docstring)
+        self._caps_pending = not (wrapped is None or wrapped.sizer is None or wrapped.options.caps is not None
+                                  or wrapped.options.compile_cache is None)
+        self._caps_out: str | None = None  # where to keep the caps once fitted
 
     def structures(self, atoms: Any) -> Structures:
         """``atoms`` as :class:`~ddpad.padding.Structures` on the model's device (one
@@ -118,8 +135,12 @@ class Calculator(_AseCalculator):
         super().calculate(atoms, properties, system_changes)
         wants_stress = bool(self.atoms.pbc.all()) and "stress" in (properties or [])
         adapter = self.evaluate.adapter
+        if self._caps_pending:  # (the first call of a store-bound tight calculator)
+            self._caps_pending, self._caps_out = False, self._start_from_cached_caps(self.atoms)
         atoms = self.structures(self.atoms) if self.tensor_input else self.atoms
         out = self.evaluate(atoms, stress=wants_stress, **self.call_kwargs)
+        if self._caps_out is not None and self.wrapped is not None and self.wrapped.sizer.settled:
+            self._keep_caps(self._caps_out)
         energy = float(out[adapter.flat_energy_key].detach().sum())
         self.results = {"energy": energy, "free_energy": energy}
         if isinstance(out.get("forces"), torch.Tensor):
@@ -130,6 +151,39 @@ class Calculator(_AseCalculator):
                 break
         if wants_stress and isinstance(out.get("stress"), torch.Tensor):
             self.results["stress"] = full_3x3_to_voigt_6_stress(_numpy(out["stress"]).reshape(3, 3))
+
+
+    def _start_from_cached_caps(self, atoms: Any) -> str | None:
+        """Preset the caps cached for this model on ``atoms``' system, if
+        any (None); else the path to keep the fitted caps in."""
+        wrapped = self.wrapped
+        assert wrapped is not None and wrapped.adapter is not None
+        path = cached_caps_path(wrapped.adapter.name, self.evaluate.model, atoms)
+        try:
+            wrapped.load_caps(path)
+        except FileNotFoundError:
+            return path
+        except (OSError, ValueError) as exc:  # the cache's file, not the user's input: one warning
+            log.warning("ddpad: ignoring the cached caps %s (%s); this run fits its own", path, exc)
+            return path
+        return None
+
+    def _keep_caps(self, path: str) -> None:
+        """Write the caps a tight run fitted where the next process looks."""
+        self._caps_out = None
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self.wrapped.save_caps(path)
+        except OSError as exc:
+            log.warning("ddpad: could not keep the fitted caps in %s (%s)", path, exc)
+
+
+def cached_caps_path(adapter: str, model: torch.nn.Module, atoms: Any) -> str:
+    """The user cache's caps file of ``model`` on the system of ``atoms``
+    (:func:`ddpad._caps_file.cached_caps_path`), where ``ddpad precompile``,
+    ``ddpad run`` and this calculator keep the caps they fitted."""
+    return _cached_caps_path(os.path.join(cache_dir(), "caps"), adapter, model_fingerprint(model),
+                             atoms.get_chemical_formula(mode="hill"), atoms.pbc)
 
 
 def _copy(array: np.ndarray | None) -> np.ndarray | None:

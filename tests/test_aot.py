@@ -423,6 +423,63 @@ def test_ddpad_precompile_aot_then_run_loads(tmp_path: pathlib.Path) -> None:
     assert bad.returncode != 0 and "--workers must be >= 1" in bad.stderr
 
 
+_ASE_AFTER_PRECOMPILE = """
+import json, sys
+import torch
+import ddpad.ase
+from ddpad.adapters import get
+
+model, atoms = torch.load("model.pt", weights_only=False), get("toy").tools.default_system()
+atoms.calc = calc = ddpad.ase.Calculator(model, "toy", compile_mode="aot")
+atoms.get_forces()
+stats = calc.wrapped.stats
+json.dump({"caps": calc.wrapped.caps, "aot_loaded": stats.aot_loaded, "aot_compiled": stats.aot_compiled,
+           "graphs": stats.graphs, "settling_steps": stats.settling_steps}, sys.stdout)
+"""
+
+
+def test_ddpad_precompile_aot_prepares_the_ase_calculator_s_first_call(tmp_path: pathlib.Path) -> None:
+    """Before (#53): ``ddpad precompile --aot`` wrote the fitted caps where
+    ``ddpad run`` looks, but ``ddpad.ase.Calculator(..., compile_mode="aot")``
+    in the next process started from its own caps and built a third package
+    (MACE: 288 s). The calculator, bound to the store, now starts from the
+    cached caps of this model on this system and loads the package; a run
+    with no cached caps keeps what it fits for the next process."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from _cli import ddpad as cli
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def ase_first_call() -> dict[str, object]:
+        out = subprocess.run([sys.executable, "-c", _ASE_AFTER_PRECOMPILE], capture_output=True, text=True,
+                             env=env, cwd=tmp_path, timeout=600, check=False)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    torch.save(toy.Morse().double(), tmp_path / "model.pt")  # the user's model, as the issue tried it
+    pre = cli("precompile", "toy", "--aot", "--ladder", "0", "--model", "model.pt", cwd=tmp_path)
+    assert pre.returncode == 0, pre.stderr
+    cached = next((tmp_path / "cache" / "ddpad" / "caps").glob("toy-*.json"))
+    caps = json.loads(cached.read_text())["caps"]
+    first = ase_first_call()
+    assert first == {"caps": caps, "aot_loaded": 1, "aot_compiled": 0, "graphs": 0, "settling_steps": 0}
+    # with no cached caps the first call is the window's (eager); the fit is kept for the next process
+    cached.unlink()
+    script = _ASE_AFTER_PRECOMPILE.replace("atoms.get_forces()", """for step in range(10):
+    atoms.positions[0, 0] += 0.001 * step
+    atoms.get_forces()""")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=600, check=False)
+    assert out.returncode == 0, out.stderr
+    fitted = json.loads(out.stdout)
+    assert fitted["settling_steps"] == 9 and fitted["caps"] == json.loads(cached.read_text())["caps"]
+    assert json.loads(cached.read_text())["fitted"] is True
+
+
 class _Stasher(toy.Morse):
     """Caches a tensor on itself on its first call (as lazily initialised
     models do), then takes a data-dependent branch the trace refuses: the

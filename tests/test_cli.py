@@ -318,6 +318,23 @@ def test_elements_the_model_does_not_know_are_one_line(tmp_path: pathlib.Path) -
     assert lines == [f"ddpad: error: {expected}"], res.stderr
 
 
+def test_a_model_file_keeps_its_precision_unless_told(tmp_path: pathlib.Path) -> None:
+    """Before: ``--model`` was cast to the adapter's default dtype (the toy's:
+    torch's float32; mace's: float64, whatever the file held), so a float64
+    model was run in float32 and its caps were kept under another model."""
+    import torch
+    import ddpad_toy_plugin as toy
+
+    torch.save(toy.Morse().double(), tmp_path / "model.pt")
+    kept = ddpad("run", "toy", "--model", "model.pt", "--steps", "1", "--no-compile", cwd=tmp_path)
+    assert kept.returncode == 0, kept.stderr
+    assert "model model.pt, device cpu, torch.float64" in kept.stdout
+    told = ddpad("run", "toy", "--model", "model.pt", "--dtype", "float32", "--steps", "1", "--no-compile",
+                 cwd=tmp_path)
+    assert told.returncode == 0, told.stderr
+    assert "model model.pt, device cpu, torch.float32" in told.stdout
+
+
 def test_random_model_is_built_for_the_systems_elements(tmp_path: pathlib.Path) -> None:
     pytest.importorskip("mace")
     import ase.io

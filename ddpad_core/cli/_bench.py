@@ -14,7 +14,6 @@ from ._common import (
     _check_fits,
     _common_options,
     _device,
-    _dtype,
     _minutes,
     _model,
     _output_path,
@@ -39,11 +38,11 @@ def _bench_compile_store(args: argparse.Namespace) -> int:
 
     adapter = _adapter(args.adapter, args.verbose)
     device = _device(args.device)
-    # the children build the model ddpad run would: the dtype resolved here (an adapter takes a dtype, not None)
-    dtype = str(_dtype(adapter, args.dtype)).removeprefix("torch.")
     mode = "--first-call" if args.first_call else "--compile-store"
     # the model and system checked here, once (a bad --model or element is one line, not a child's traceback)
-    _, base, _, what = _bench_system(adapter, args)
+    _, base, model, what = _bench_system(adapter, args)
+    # the children build the model ddpad run would: the dtype resolved here (an adapter takes a dtype, not None)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     print(f"ddpad bench {adapter.name} {mode}: {what}, {len(base)} atoms, {dtype}, fresh processes, empty stores "
           f"and Inductor caches (several compiles: minutes on a CPU)", flush=True)
     chosen = {"model": args.model, "system": None if args.system is None and args.repeat == 1 else base}
@@ -71,7 +70,6 @@ def _bench_compile_store(args: argparse.Namespace) -> int:
 def _bench_system(adapter: Any, args: argparse.Namespace) -> tuple[str, Any, Any, str]:
     """``ddpad bench``'s device, system (``--repeat``-ed), model and what the model is."""
     device = _device(args.device)
-    dtype = _dtype(adapter, args.dtype)
     base = _system(adapter, args.system)
     if isinstance(base, (list, tuple)):
         raise CliError("ddpad bench takes one system (one ase.Atoms); this file holds several")
@@ -79,7 +77,7 @@ def _bench_system(adapter: Any, args: argparse.Namespace) -> tuple[str, Any, Any
         if not base.pbc.all():
             raise CliError("--repeat needs a periodic system")
         base = base * (args.repeat, args.repeat, args.repeat)
-    model, what = _model(adapter, args.model, dtype, device, base, args.verbose)
+    model, what = _model(adapter, args.model, args.dtype, device, base, args.verbose)
     _check_fits(adapter, model, base)
     return device, base, model, what
 
@@ -113,7 +111,7 @@ def _bench_engines(args: argparse.Namespace) -> int:
     if args.blocks < 1:
         raise CliError(f"--blocks must be >= 1, got {args.blocks}")
     device = _device(args.device)
-    model, what = _model(adapter, args.model, _dtype(adapter, args.dtype), device,
+    model, what = _model(adapter, args.model, args.dtype, device,
                          systems("one", adapter.engine.molecules)[0], args.verbose)
     print(f"ddpad bench {adapter.name} --engines: {what}, device {device}, backend {args.backend}, {_threads()} "
           f"thread(s); Langevin MD, ddpad and each engine's own model in alternating blocks of 10 steps", flush=True)

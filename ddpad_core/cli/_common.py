@@ -102,6 +102,8 @@ def _device(spec: str | None) -> str:
 
 
 def _dtype(adapter: Any, name: str | None) -> torch.dtype:
+    """``--dtype``, else the adapter's default, else torch's (a ``--model``
+    file keeps its own: see :func:`_model`)."""
     import torch
 
     if name is not None:
@@ -161,10 +163,11 @@ def _symbols(numbers: Sequence[int]) -> str:
 
 
 def _model(
-    adapter: Any, path: str | None, dtype: torch.dtype, device: str, atoms: Any, verbose: bool = False
+    adapter: Any, path: str | None, dtype: str | None, device: str, atoms: Any, verbose: bool = False
 ) -> tuple[torch.nn.Module, str]:
-    """The model to run and a description of it. Without ``path``, the
-    adapter's random model; where it takes elements
+    """The model to run and a description of it, in ``dtype`` (``--dtype``;
+    None: a ``path`` model's own, the adapter's default for a random one).
+    Without ``path``, the adapter's random model; where it takes elements
     (``Adapter.tools.random_model_elements``: mace, sevennet), built for the
     system's elements as well as its own."""
     import torch
@@ -180,7 +183,7 @@ def _model(
             what = f"RANDOMLY INITIALISED model for {_symbols(numbers)} (no --model given): numbers are not physical"
         try:
             with _quiet_prints(verbose):
-                return random_model(adapter, dtype, device, _numbers(atoms)), what
+                return random_model(adapter, _dtype(adapter, dtype), device, _numbers(atoms)), what
         except ValueError as exc:  # e.g. a dtype the model package does not run in
             raise CliError(f"{adapter.name}: {_one_line(exc)}") from None
     if adapter.tools.load_model is None:
@@ -205,7 +208,8 @@ def _model(
             f"cannot load {path!r} as a {adapter.name} model: it holds {_a(type(model).__name__)}{hint}, "
             "not a model; see docs/pages/trained-models.md"
         )
-    return model.to(dtype), f"model {path}"
+    # a loaded model keeps its precision unless told (before: cast to the adapter's or torch's default)
+    return (model if dtype is None else model.to(_dtype(adapter, dtype))), f"model {path}"
 
 
 def _check_fits(adapter: Any, model: torch.nn.Module, atoms: Any) -> None:
@@ -236,12 +240,10 @@ def _load_caps(path: str | None, adapter: str) -> dict[str, int] | None:
 
 def _cached_caps_path(adapter: str, model: torch.nn.Module, atoms: Any) -> str:
     """The user cache's caps file of this model on this system
-    (:func:`ddpad._caps_file.cached_caps_path`)."""
-    from ddpad._store import model_fingerprint
-    from ddpad._caps_file import cached_caps_path
+    (:func:`ddpad.ase.cached_caps_path`: the ASE calculator's too)."""
+    from ..ase import cached_caps_path
 
-    return cached_caps_path(os.path.join(_cache_dir(), "caps"), adapter, model_fingerprint(model),
-                            atoms.get_chemical_formula(mode="hill"), atoms.pbc)
+    return cached_caps_path(adapter, model, atoms)
 
 
 def _cached_caps(path: str, adapter: str) -> dict[str, int] | None:
@@ -329,7 +331,8 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
                              "default: the adapter's built-in system")
     parser.add_argument("--device", help="cpu, cuda or cuda:N; default: cuda when torch sees a GPU, else cpu")
     parser.add_argument("--dtype", choices=["float32", "float64"],
-                        help="model precision; default: the adapter's (float64 for mace), else torch's default dtype")
+                        help="model precision; default: a --model file's own, else the adapter's (float64 for mace), "
+                             "else torch's default dtype")
     parser.add_argument("--backend", default="inductor",
                         help="torch.compile backend (aot_eager skips inductor's code generation: a faster "
                              "compile, for trying things out); default: inductor")

@@ -14,7 +14,6 @@ from ._common import (
     _check_fits,
     _common_options,
     _device,
-    _dtype,
     _load_caps,
     _model,
     _save_caps,
@@ -34,9 +33,9 @@ def cmd_precompile(args: argparse.Namespace) -> int:
         raise CliError("precompile writes into the compile store; drop --no-compile-cache")
     # (pair_style ddpad runs CPU packages: --lammps builds on the CPU unless told otherwise, which it refuses)
     device = "cpu" if args.lammps and args.device is None else _device(args.device)
-    dtype = _dtype(adapter, args.dtype)
     atoms = _system(adapter, args.system)
-    model, what = _model(adapter, args.model, dtype, device, atoms, args.verbose)
+    model, what = _model(adapter, args.model, args.dtype, device, atoms, args.verbose)
+    dtype = next(model.parameters()).dtype
     _check_fits(adapter, model, atoms)
 
     from ddpad import TightPolicy, wrap

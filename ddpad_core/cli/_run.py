@@ -23,7 +23,6 @@ from ._common import (
     _check_fits,
     _common_options,
     _device,
-    _dtype,
     _Interrupted,
     _load_caps,
     _model,
@@ -160,12 +159,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     adapter = _adapter(args.adapter, args.verbose)
     _check_options(args)
     device = _device(args.device)
-    dtype = _dtype(adapter, args.dtype)
     caps_in = _load_caps(args.caps, adapter.name)  # checked (adapter included) before anything is announced
     atoms = _system(adapter, args.system)
     if isinstance(atoms, (list, tuple)):
         raise CliError("ddpad run takes one system (one ase.Atoms); this file holds several")
-    model, what = _model(adapter, args.model, dtype, device, atoms, args.verbose)
+    model, what = _model(adapter, args.model, args.dtype, device, atoms, args.verbose)
+    dtype = next(model.parameters()).dtype
     _check_fits(adapter, model, atoms)
     caps_path, cached = args.caps, args.caps is None
     if cached:
