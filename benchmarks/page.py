@@ -391,7 +391,8 @@ def engines_section(docs: list[dict[str, Any]]) -> str:
         "sevenn no longer has) nor its `OrbModel` with orb-models 0.5.5 (it imports `graph_regressor`), so "
         "SevenNet and Orb have no torch-sim row; its `MatterSimModel` builds its batch on mattersim's default device "
         "(`batch_to_dict(...)` without a device: `cuda`), so it does not run on a CPU and MatterSim has none either. Orb compiled by Inductor at one thread disagrees with its eager "
-        "step (a known miscompile); ddpad's first-use check catches it and those caps run eager. After a "
+        "step (a known miscompile); ddpad's first-use check catches it and those caps run orb's own eager "
+        "step on the unpadded input (after the padding that sized the caps: 0.27 ms of its step). After a "
         "warm-up the variants step in alternating blocks of 10 steps (LAMMPS: 3 blocks of 3); the ratio is a variant's step over the "
         "engine's own model's, per block (median, and the range over blocks).",
         _table(["engine", "adapter", "system", "model", "ms / step", "x engine's own", "range over blocks"], rows),

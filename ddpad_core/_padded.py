@@ -26,7 +26,7 @@ import torch
 from ._agreement import AgreementError, current_agreement
 from ._capacity import CapacityError, CapResolution, CapScope, Row, ScopedCaps, TightCaps, resolutions
 from ._caps_file import caps_fitted, load_caps, save_caps
-from ._context import DistributedContext, activate_dd_context, current_dd_context
+from ._context import NOT_DISTRIBUTED, DistributedContext, activate_dd_context, current_dd_context
 from ._manager import CompileManager
 from ._memory import derive_ceilings, measure_peak, reset_peak
 from ._noise import CompileEvent, CompileNotice, quiet
@@ -220,7 +220,8 @@ class PaddedModel(torch.nn.Module):
                     with notice:
                         out = self.manager.run(step)
             t0 = time.perf_counter()
-            out = self.padder.unpad(out)
+            if step.route != "unpadded":  # (a refused key's call ran the unpadded model: nothing to take off)
+                out = self.padder.unpad(out)
             pad_seconds += time.perf_counter() - t0
         except CapacityError as exc:  # a ceiling: every rank sees the same agreed need
             if options.on_overflow != "eager" or trial != self.cap_state:
@@ -335,6 +336,18 @@ class PaddedModel(torch.nn.Module):
                                       options=self.options, caps=self.cap_state, fitted=fitted,
                                       seam=self.pad_in_forward)
         self.stats = self.manager.stats
+        if not self.pad_in_forward:  # (a seam model's manager dispatches its parts: their steps are not calls)
+            self.manager.unpadded = self._unpadded
+
+    def _unpadded(self, step: Step) -> Any:
+        """A call whose caps and call form every compiled route refused, on
+        the unpadded eager model (as exact as the padded eager step, without
+        its dead rows); NotImplemented under an agreement group or a domain
+        decomposition, where the ranks' steps must stay the same padded one."""
+        if current_agreement() is not None or current_dd_context() is not NOT_DISTRIBUTED:
+            return NotImplemented
+        step.route = "unpadded"
+        return self._eager(step.source, step.args, step.kwargs)
 
     def close(self) -> None:
         """Stop this model's background compiles and package builds (a worker

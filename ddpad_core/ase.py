@@ -159,10 +159,10 @@ class Calculator(_AseCalculator):
         wrapped = self.wrapped
         assert wrapped is not None and wrapped.adapter is not None
         path = cached_caps_path(wrapped.adapter.name, self.evaluate.model, atoms)
+        if not os.path.exists(path):
+            return path
         try:
             wrapped.load_caps(path)
-        except FileNotFoundError:
-            return path
         except (OSError, ValueError) as exc:  # the cache's file, not the user's input: one warning
             log.warning("ddpad: ignoring the cached caps %s (%s); this run fits its own", path, exc)
             return path

@@ -39,6 +39,42 @@ def test_a_miscompiling_backend_gives_the_eager_numbers(caplog: pytest.LogCaptur
     assert "max deviation" in lines[0]
 
 
+class _Rows(MPNN):
+    """Records the atom rows of each eager (not traced) call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[int] = []
+
+    def __call__(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling():
+            self.rows.append(int(data["positions"].shape[0]))
+        return super().__call__(data, *args, **kwargs)
+
+
+def test_a_refused_caps_later_calls_run_the_unpadded_model() -> None:
+    """Before (#53): the calls at caps whose graph disagreed ran the padded
+    eager step, dead rows and all (orb at one thread, where Inductor's code
+    is wrong: 1.67 x orb's own eager step; unpadded, 1.00 x). They now run
+    the model's own step on the unpadded input, and give its numbers."""
+    model = _Rows()
+    wrapped = padded_model(model, backend=miscompiling, cap_policy="headroom")
+    steps = [trajectory(1, 1, seed=7)[0] for _ in range(4)]
+    first = steps[0]
+    for data in [first, first, first]:
+        assert_same(wrapped(data), _reference(model, data))
+    real = int(first["positions"].shape[0])
+    assert wrapped.stats.eager_forms == 1 and wrapped.caps["atoms"] > real
+    model.rows.clear()
+    assert_same(wrapped(first), _reference(model, first))
+    assert model.rows == [real, real]  # this call's (unpadded), then the reference's
+    # under a domain decomposition every rank keeps the padded step
+    model.rows.clear()
+    with ddpad.padding.activate_dd_context(ddpad.padding.DistributedContext()):
+        wrapped(first)
+    assert model.rows == [wrapped.caps["atoms"]]
+
+
 def test_verify_false_opts_out() -> None:
     model = MPNN()
     wrapped = padded_model(model, backend=miscompiling, cap_policy="headroom", verify=False)
