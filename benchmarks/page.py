@@ -394,7 +394,13 @@ def engines_section(docs: list[dict[str, Any]]) -> str:
         "step (a known miscompile); ddpad's first-use check catches it and those caps run orb's own eager "
         "step on the unpadded input (after the padding that sized the caps: 0.27 ms of its step). After a "
         "warm-up the variants step in alternating blocks of 10 steps (LAMMPS: 3 blocks of 3); the ratio is a variant's step over the "
-        "engine's own model's, per block (median, and the range over blocks).",
+        "engine's own model's, per block (median, and the range over blocks). \"(compiled)\" is the package's "
+        "own compiled route where it has one (mace: `MACECalculator(..., compile_mode=\"default\")`, "
+        "`torch.compile` of its prepared model with shapes as they come: compiled on the first step and again "
+        "when the edge count first changes; built in the model's dtype, as mace's route rebuilds the model under "
+        "torch's default dtype: float32 for this float64 model otherwise). Steady steps only: compiles are "
+        "not in these figures (the report keeps each variant's warm-up seconds, with whatever Inductor's own "
+        "cache held).",
         _table(["engine", "adapter", "system", "model", "ms / step", "x engine's own", "range over blocks"], rows),
         *(_made_by(doc) for doc in docs)])
 

@@ -135,6 +135,10 @@ class ToolHooks:
     torchsim_model
         ``model -> torch-sim model``: the package's own torch-sim model around
         ``model``, the baseline of the torch-sim rows (likewise).
+    compiled_ase_calculator
+        ``model -> ase calculator``: the package's own compiled route in ASE
+        (mace: ``MACECalculator(..., compile_mode="default")``), a row of
+        ``ddpad bench --engines``' ASE table beside its eager calculator.
     foundation_models
         ``() -> {name: () -> model}``: the configurations users run, each
         built without a download: a trained model the package ships, or a
@@ -153,6 +157,7 @@ class ToolHooks:
     native_padding: Callable[[torch.nn.Module], Callable[[Any], Any]] | None = None
     ase_calculator: Callable[[torch.nn.Module], Any] | None = None
     torchsim_model: Callable[[torch.nn.Module], Any] | None = None
+    compiled_ase_calculator: Callable[[torch.nn.Module], Any] | None = None
     foundation_models: Callable[[], Mapping[str, Callable[[], torch.nn.Module]]] | None = None
 
     def __post_init__(self) -> None:

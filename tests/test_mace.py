@@ -317,6 +317,30 @@ def test_a_restarted_compile_is_still_timed_and_stored(tmp_path: pathlib.Path) -
     assert stats.graphs == 1 and stats.graphs_compiled == 1 and stats.store_misses == 0
 
 
+@pytest.mark.inductor
+def test_maces_own_compiled_calculator_is_the_bench_s_peer() -> None:
+    """``ToolHooks.compiled_ase_calculator``: mace's ``compile_mode="default"``
+    route, the row ``ddpad bench --engines`` measures ddpad's ASE step
+    against beside the eager calculator (issue 53). It compiles (minutes)
+    and gives mace's numbers, in the model's dtype."""
+    import copy
+
+    from ddpad._bench.engines import systems
+
+    adapter = adapters.get("mace")
+    model = adapter.tools.random_model(torch.float64, "cpu")
+    atoms = systems("one")[0]
+    atoms.calc = adapter.tools.ase_calculator(copy.deepcopy(model))
+    energy, forces = atoms.get_potential_energy(), atoms.get_forces()
+    calc = adapter.tools.compiled_ase_calculator(copy.deepcopy(model))
+    inner = getattr(calc.models[0], "_orig_mod", calc.models[0])
+    # (mace's route rebuilt a float64 model in torch's default float32: 4e-5 eV off; the hook builds it in float64)
+    assert calc.use_compile and next(inner.parameters()).dtype == torch.float64
+    assert torch.get_default_dtype() == torch.float32  # restored
+    atoms.calc = calc
+    assert abs(atoms.get_potential_energy() - energy) < 1e-9 and abs(atoms.get_forces() - forces).max() < 1e-9
+
+
 def test_bench_engines_one_table_against_maces_own_models(tmp_path: pathlib.Path) -> None:
     """``ddpad bench mace --engines``: ASE and torch-sim (one system and a
     batch of four) each against mace's own ``MACECalculator`` and

@@ -146,6 +146,12 @@ def _ase(adapter: Any, model: Any, kind: str, backend: str, store: str) -> Stepp
         calculators["ddpad (ASE pipeline)"] = Calculator(model, adapter, backend=backend, compile_cache=store,
                                                          tensor_input=False)
     calculators[baseline] = own
+    # the package's own compiled route, where it has one, beside ddpad's Inductor (it compiles with Inductor)
+    if adapter.tools.compiled_ase_calculator is not None and backend == "inductor":
+        try:
+            calculators[f"{baseline} (compiled)"] = adapter.tools.compiled_ase_calculator(copy.deepcopy(model))
+        except (ImportError, RuntimeError) as exc:
+            raise Unavailable(f"the package's own compiled ASE calculator does not run here: {exc}") from exc
     steppers = {}
     for name, calc in calculators.items():
         atoms = systems(kind, adapter.engine.molecules)[0]  # each its own copy of the same start
@@ -241,9 +247,12 @@ def measure(engine: str, kind: str, adapter: Any, model: Any, *, blocks: int = 8
         t0 = time.perf_counter()
         steppers["ddpad"]()  # the first call: compiles
         first_call = time.perf_counter() - t0
-        for step in steppers.values():
-            for _ in range(warmup):  # the tight fit (call 10) and its compile
+        warm: dict[str, float] = {}
+        for name, step in steppers.items():
+            t0 = time.perf_counter()
+            for _ in range(warmup):  # the tight fit (call 10) and its compile; a compiled peer's compiles
                 step()
+            warm[name] = time.perf_counter() - t0 + (first_call if name == "ddpad" else 0.0)
         times: dict[str, list[float]] = {name: [] for name in steppers}
         for _ in range(blocks):
             for name, step in steppers.items():
@@ -255,7 +264,10 @@ def measure(engine: str, kind: str, adapter: Any, model: Any, *, blocks: int = 8
     for name, ts in times.items():
         ratios = [a / b for a, b in zip(ts, times[baseline])]
         variants[name] = {"ms": 1e3 * statistics.median(ts), "ratio_median": statistics.median(ratios),
-                          "ratio_min": min(ratios), "ratio_max": max(ratios)}
+                          "ratio_min": min(ratios), "ratio_max": max(ratios),
+                          # the first call and warm-up steps, compiles included (the baselines' first call
+                          # is a warm-up step: they build nothing ahead)
+                          "warmup_s": warm[name], "warmup_steps": warmup + (name == "ddpad")}
     return {
         "engine": engine, "adapter": adapter.name, "kind": kind, "atoms": atoms, "systems": len(SIZES[kind]),
         "backend": backend, "threads": torch.get_num_threads(), "blocks": blocks, "steps_per_block": steps,
