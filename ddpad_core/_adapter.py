@@ -224,6 +224,13 @@ class Adapter:
         ``torch._dynamo.config`` values set around each compiled call only
         (scoped with ``config.patch``, restored after), e.g. MACE's
         ``{"trace_autograd_ops": True}`` to keep its forces in the graph.
+    inductor_options
+        Inductor options this model family needs, given to
+        ``torch.compile(options=...)`` under the caller's own when Inductor
+        compiles (part of the compile store's key), e.g. orb's
+        ``{"cpp.dynamic_threads": True}``: at one thread Inductor's CPU code
+        for orb's ``scatter_add_`` followed by ``count[count < 1] = 1`` is
+        wrong, and that option keeps the scatter on ATen's kernel.
     compile_region
         Optional ``(model, compile_fn) -> callable``: what to compile. A model
         that pads at its own seam (``pad_in_forward``) must compile only the
@@ -265,6 +272,7 @@ class Adapter:
     prepare_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None
     call: Callable[..., Any] | None = None
     dynamo_config: Mapping[str, Any] = field(default_factory=dict)
+    inductor_options: Mapping[str, Any] = field(default_factory=dict)
     compile_region: Callable[[torch.nn.Module, Callable[[Any], Any]], Any] | None = None
     evaluate: Callable[..., Any] | None = None
     call_forms: tuple[Mapping[str, Any], ...] = ()

@@ -93,6 +93,16 @@ class WrapOptions:
         options, compile_kwargs = cls.split(kwargs)
         return cls(**options, compile_kwargs=compile_kwargs)
 
+    def with_inductor_options(self, defaults: Mapping[str, Any]) -> WrapOptions:
+        """These options with a model family's Inductor options
+        (:attr:`~ddpad.adapters.Adapter.inductor_options`) under the
+        caller's own ``options=``; unchanged unless Inductor compiles."""
+        kwargs = dict(self.compile_kwargs)
+        if not defaults or not self.compile or kwargs.get("backend", "inductor") != "inductor":
+            return self
+        kwargs["options"] = {**defaults, **(kwargs.get("options") or {})}
+        return dataclasses.replace(self, compile_kwargs=kwargs)
+
     def tight_policy(self, store_bound: bool) -> TightPolicy | None:
         """The tight sizing this model runs under, or None for its padders'
         own head room. ``cap_policy=None`` picks tight where a growth is

@@ -121,6 +121,8 @@ class PaddedModel(torch.nn.Module):
     ) -> None:
         super().__init__()
         opts = WrapOptions.from_kwargs(**options)
+        if adapter is not None:  # the family's Inductor options, under the caller's
+            opts = opts.with_inductor_options(adapter.inductor_options)
         if not isinstance(padder, GraphPadder):
             raise TypeError(f"padder {padder!r} does not implement GraphPadder (pad / unpad)")
         self.options = opts

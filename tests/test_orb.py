@@ -270,15 +270,9 @@ def test_inductor_one_graph() -> None:
     assert wrapped.stats.graphs == 1 and wrapped.stats.growths == []
 
 
-@pytest.mark.slow
-@pytest.mark.inductor
-def test_inductor_at_one_thread_gives_the_eager_numbers() -> None:
-    """Inductor's CPU code for the conservative model is wrong at one thread
-    (torch 2.13.0: energy off by 0.12 on this model, exact at two). Before,
-    ``torch.compile``'s numbers were returned as they came; the first call's
-    check against the eager step now catches it, returns the eager numbers
-    and runs those caps eager (one warning). Whatever Inductor does, the
-    numbers are the eager model's."""
+def _one_thread_run(**options: Any) -> ddpad.PaddedModel:
+    """Three steps of the random conservative model compiled by Inductor at
+    one thread, each held to the eager model's numbers (1e-9)."""
     model = random_model()
     adapter = adapters.get("orb")
     rng = np.random.default_rng(5)
@@ -289,15 +283,35 @@ def test_inductor_at_one_thread_gives_the_eager_numbers() -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        wrapped = adapter.wrap(model, backend="inductor", caps=caps)
+        wrapped = adapter.wrap(model, backend="inductor", caps=caps, **options)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for data in steps:
                 assert_exact(wrapped(data), adapter.reference(model, data), KEYS[True], atol=1e-9)
     finally:
         torch.set_num_threads(threads)
-    s = wrapped.stats
-    assert s.checks == 1 and s.eager_forms == s.disagreements
+    return wrapped
+
+
+def test_inductor_at_one_thread_compiles_orb_right() -> None:
+    """Inductor's CPU code at one thread put orb's ``scatter_mean`` count's
+    ``where`` before its ``scatter_add_`` (every count one too high; torch
+    2.13.0, energy 1e-3 relative off); the first-use check caught it and the
+    caps ran eager (1.07-1.46x ORBCalculator's ASE step). The adapter's
+    ``inductor_options`` (``cpp.dynamic_threads``) keep the scatter on
+    ATen's kernel: the compiled graph passes its check and is used."""
+    s = _one_thread_run().stats
+    assert (s.graphs, s.checks, s.disagreements, s.eager_forms) == (1, 1, 0, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.inductor
+def test_inductor_at_one_thread_without_the_option_is_caught() -> None:
+    """The caller's ``options=`` win over the adapter's: without
+    ``cpp.dynamic_threads`` the graph is wrong, the check catches it, and
+    the numbers are still the eager model's (one warning)."""
+    s = _one_thread_run(options={"cpp.dynamic_threads": False}).stats
+    assert s.checks == 1 and s.eager_forms == s.disagreements == 1
 
 
 class TestOrbConformance(AdapterTests):

@@ -221,6 +221,24 @@ def test_an_unknown_wrap_keyword_is_a_type_error_naming_the_closest() -> None:
     assert_same(wrapped(data), MPNN()({k: v.clone() for k, v in data.items()}))
 
 
+def test_an_adapters_inductor_options_go_under_the_callers() -> None:
+    """``Adapter.inductor_options`` (orb's ``cpp.dynamic_threads``) reach
+    ``torch.compile(options=...)`` when Inductor compiles, under the
+    caller's own ``options=``; another backend gets none."""
+    import dataclasses
+
+    import ddpad_toy_plugin as toy
+
+    adapter = dataclasses.replace(toy.ADAPTER, inductor_options={"cpp.dynamic_threads": True, "max_autotune": False})
+    model = toy.Morse(3.0).double()
+    assert ddpad.wrap(model, adapter).options.compile_kwargs["options"] == {"cpp.dynamic_threads": True,
+                                                                            "max_autotune": False}
+    mine = ddpad.wrap(model, adapter, options={"max_autotune": True}).options.compile_kwargs["options"]
+    assert mine == {"cpp.dynamic_threads": True, "max_autotune": True}
+    assert "options" not in ddpad.wrap(model, adapter, backend="aot_eager").options.compile_kwargs
+    assert "options" not in ddpad.wrap(model, toy.ADAPTER).options.compile_kwargs
+
+
 @pytest.mark.slow
 @pytest.mark.inductor
 def test_inductor_short_run_one_graph_per_frame() -> None:

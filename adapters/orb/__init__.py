@@ -627,6 +627,10 @@ ADAPTER = builtin_adapter(
     call=_step,
     evaluate=_evaluate,
     dynamo_config={"trace_autograd_ops": True, "capture_dynamic_output_shape_ops": True},
+    # at one thread Inductor lowers orb's scatter_mean count (scatter_add_, then count[count < 1] = 1) to its
+    # own loop and writes the where before the scatter: every count one too high, the energy 1e-3 off
+    # (torch 2.13); dynamic_threads keeps the scatter on ATen's kernel, as at two threads (exact, no slower)
+    inductor_options={"cpp.dynamic_threads": True},
     call_forms=({}, {"split": False}),
     grad_input=None,
     engine=EngineHooks(
