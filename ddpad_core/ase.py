@@ -69,17 +69,19 @@ class Calculator(_AseCalculator):
         (vesin-torch for a neighbour list) is installed;
         ``True``: an error if it cannot; ``False``: the pipeline (the
         reference).
+    cached_caps
+        Bound to a store, with tight caps and no ``caps=``, the calculator
+        starts from the caps ``ddpad precompile`` or an earlier run fitted
+        to this model (its architecture) on this system (its formula and
+        periodicity), kept in ddpad's user cache, and writes its own there
+        once they are fitted: its first call loads what they built.
+        ``False``: neither (``ddpad run`` keeps that file itself).
     **wrap_kwargs
         Passed to :func:`ddpad.wrap` (``backend``, ``caps``, ``on_recompile`` ...).
         ``compile_cache`` defaults to ddpad's compile store
         (:func:`ddpad.default_store_dir`) for a padded model compiled by
         Inductor, as in torch-sim and LAMMPS: tight caps, and the next
         process finds the graphs; ``compile_cache=None`` for neither.
-        Bound to a store, with tight caps and no ``caps=``, the calculator
-        starts from the caps ``ddpad precompile`` or an earlier run fitted
-        to this model (its architecture) on this system (its formula and
-        periodicity), kept in ddpad's user cache, and writes its own there
-        once they are fitted: its first call loads what they built.
 
     Attributes
     ----------
@@ -98,6 +100,7 @@ class Calculator(_AseCalculator):
         pad: bool = True,
         call_kwargs: dict[str, Any] | None = None,
         tensor_input: bool | None = None,
+        cached_caps: bool = True,
         **wrap_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -111,8 +114,9 @@ class Calculator(_AseCalculator):
         self._composition: tuple[Any, Structures] | None = None
         wrapped = self.wrapped
         # the user cache's caps of this model on the first call's system (see the docstring)
-        self._caps_pending = not (wrapped is None or wrapped.sizer is None or wrapped.options.caps is not None
-                                  or wrapped.options.compile_cache is None)
+        self._caps_pending = cached_caps and not (wrapped is None or wrapped.sizer is None
+                                                  or wrapped.options.caps is not None
+                                                  or wrapped.options.compile_cache is None)
         self._caps_out: str | None = None  # where to keep the caps once fitted
 
     def structures(self, atoms: Any) -> Structures:

@@ -467,6 +467,12 @@ def test_ddpad_precompile_aot_prepares_the_ase_calculator_s_first_call(tmp_path:
     caps = json.loads(cached.read_text())["caps"]
     first = ase_first_call()
     assert first == {"caps": caps, "aot_loaded": 1, "aot_compiled": 0, "graphs": 0, "settling_steps": 0}
+    # cached_caps=False (ddpad run keeps the file itself: --no-caps) neither reads nor writes it
+    script = _ASE_AFTER_PRECOMPILE.replace('compile_mode="aot")', 'compile_mode="aot", cached_caps=False)')
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=600, check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["settling_steps"] == 1 and json.loads(cached.read_text())["caps"] == caps
     # with no cached caps the first call is the window's (eager); the fit is kept for the next process
     cached.unlink()
     script = _ASE_AFTER_PRECOMPILE.replace("atoms.get_forces()", """for step in range(10):

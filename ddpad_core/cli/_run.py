@@ -186,8 +186,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .. import TightPolicy
 
         policy = TightPolicy(settle=min(TightPolicy().settle, args.steps + 1))
+    # (the run keeps the cached caps file itself: --no-caps, an unreadable file, --caps elsewhere)
     calc = Calculator(model, adapter, compile=not args.no_compile, caps=preset, cap_policy=policy,
-                      **compile_kwargs)
+                      cached_caps=False, **compile_kwargs)
     wrapped = calc.wrapped
     assert wrapped is not None
     atoms.calc = calc
