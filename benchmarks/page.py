@@ -76,6 +76,8 @@ class Measurement:
 MEASUREMENTS = (
     Measurement("overhead", None, ("--overhead", "--sizes", "20", "100", "1000", "10000"),
                 ("--overhead", "--sizes", "20", "100", "1000")),
+    Measurement("total-mace", "mace", ("--adapter", "mace", "--steps", "1000"), ("--adapter", "mace", "--steps", "200"),
+                script="run_total.py"),
     Measurement("trajectory-mace", "mace", ("mace", "--steps", "40"),
                 ("mace", "--steps", "30", "--variants", "eager,compile-dynamic,ddpad,ddpad-tight"), COLD),
     *(Measurement(f"steady-{a}", a, (a, "--steady"), env=COLD) for a in ("mace", "aimnet2", "uma")),
@@ -356,6 +358,31 @@ def growing_section(doc: dict[str, Any]) -> str:
         "```text\n" + format_growing(r["adapter"], r["growing"]) + "\n```", _made_by(doc)])
 
 
+TOTAL_NAMES = {"ddpad": "ddpad (`ddpad.ase.Calculator`, its defaults)", "compiled": "the package's compiled route",
+               "eager": "the package's eager calculator"}
+
+
+def total_section(doc: dict[str, Any]) -> str:
+    r = doc["report"]
+    rows = []
+    for variant, what in TOTAL_NAMES.items():
+        cold, warm = r["runs"][f"{variant} cold"], r["runs"][f"{variant} warm"]
+        graphs = (f"{cold['graphs']} ({cold['growth_calls']} growth calls), warm {warm['graphs']}"
+                  if "graphs" in cold and "graphs" in warm else "-")
+        rows.append([what, f"{cold['run_s']:.1f}", f"{cold['first_call_s']:.1f}", f"**{cold['x_ddpad']:.2f}**",
+                     f"{warm['run_s']:.1f}", f"{warm['first_call_s']:.1f}", f"**{warm['x_ddpad']:.2f}**", graphs])
+    return "\n\n".join([
+        f"{r['steps']:,} Langevin steps of {r['adapter']} (random model, float64) under ASE on the 64-atom cell of "
+        "the engine table, compiles included, each variant in a fresh process: cold (empty Inductor cache and "
+        "ddpad store, folders of its own) and warm (the second run of the same job). mace's compiled route is "
+        "`MACECalculator(..., compile_mode=\"default\")` (built in the model's dtype): it compiles on the first "
+        "step and again when the edge count first changes. Timed from building the calculator to the last step "
+        "(`python benchmarks/run_total.py`); \"x ddpad\" is the run's time over ddpad's of the same kind.",
+        _table(["variant", "cold s", "cold: first call s", "cold x ddpad", "warm s", "warm: first call s",
+                "warm x ddpad", "ddpad's graphs"], rows),
+        _made_by(doc)])
+
+
 ENGINE_NAMES = {"torchsim": "torch-sim (`nvt_langevin`)", "ase": "ASE (`Langevin`)",
                 "lammps": "LAMMPS (`fix external`, 1 rank)"}
 ENGINE_RUNS = tuple(m.name for m in MEASUREMENTS if m.script == "engine_step.py")  # (in the table's order)
@@ -511,6 +538,8 @@ def render() -> str:
         "says the command, machine, date and load it was measured with; timings swing with the load of the "
         "machine, so compare the ratios within one table, which come from one run. Models have random weights unless a row names a trained one.",
     ]
+    if "total-mace" in docs:
+        parts += ["## A whole run against the package's own routes", total_section(docs["total-mace"])]
     if "trajectory-mace" in docs:
         parts += ["## Over a trajectory whose atom count changes", trajectory_section(docs["trajectory-mace"])]
     first = [d for name, d in sorted(docs.items()) if name.startswith("first-call-")]

@@ -49,6 +49,26 @@ def test_the_readme_s_answer_against_packages_quotes_the_reports() -> None:
     assert f"takes {trajectory['compile-dynamic']['total']:.2f}x ddpad's time, compiles included" in readme
 
 
+def test_a_whole_run_table_says_each_route_against_ddpad(page: ModuleType) -> None:
+    """``benchmarks/run_total.py``'s report (issue 53's compile-included
+    totals) renders one row per route, cold and warm, and ddpad's graphs."""
+    def run(seconds: float, x: float, **extra: object) -> dict[str, object]:
+        return {"run_s": seconds, "first_call_s": 1.0, "process_s": seconds + 10, "x_ddpad": x, **extra}
+
+    runs = {"ddpad cold": run(100.0, 1.0, graphs=2, growth_calls=1), "ddpad warm": run(40.0, 1.0, graphs=2,
+                                                                                       growth_calls=0),
+            "compiled cold": run(150.0, 1.5), "compiled warm": run(60.0, 1.5),
+            "eager cold": run(80.0, 0.8), "eager warm": run(80.0, 2.0)}
+    doc = {"command": "OMP_NUM_THREADS=1 python benchmarks/run_total.py --adapter mace --steps 1000",
+           "date": "2026-12-07 23:00 UTC", "minutes": 10.0, "load": [0.1, 0.2],
+           "machine": {"cpu": "cpu", "cores": 2}, "torch": "2.13.0", "ddpad": "abc",
+           "report": {"adapter": "mace", "steps": 1000, "threads": 1, "runs": runs}}
+    text = page.total_section(doc)
+    assert "1,000 Langevin steps of mace" in text
+    assert "| the package's compiled route | 150.0 | 1.0 | **1.50** | 60.0 | 1.0 | **1.50** | - |" in text
+    assert "| ddpad (`ddpad.ase.Calculator`, its defaults) | 100.0 | 1.0 | **1.00** | 40.0 | 1.0 | **1.00** | 2 (1 growth calls), warm 2 |" in text
+
+
 @pytest.mark.slow
 def test_measure_then_render(page: ModuleType, tmp_path: pathlib.Path) -> None:
     """Two real (short) ``ddpad bench`` runs, reported with what made them and rendered with plots."""
