@@ -74,7 +74,8 @@ class Calculator(_AseCalculator):
         starts from the caps ``ddpad precompile`` or an earlier run fitted
         to this model (its architecture) on this system (its formula and
         periodicity), kept in ddpad's user cache, and writes its own there
-        once they are fitted: its first call loads what they built.
+        once they are fitted, and again when they grow: its first call
+        loads what they built, and a run that grew starts where it ended.
         ``False``: neither (``ddpad run`` keeps that file itself).
     **wrap_kwargs
         Passed to :func:`ddpad.wrap` (``backend``, ``caps``, ``on_recompile`` ...).
@@ -117,7 +118,8 @@ class Calculator(_AseCalculator):
         self._caps_pending = cached_caps and not (wrapped is None or wrapped.sizer is None
                                                   or wrapped.options.caps is not None
                                                   or wrapped.options.compile_cache is None)
-        self._caps_out: str | None = None  # where to keep the caps once fitted
+        self._caps_out: str | None = None  # where to keep the caps once fitted, and after each change
+        self._caps_kept: dict[str, int] = {}  # the caps that file holds
 
     def structures(self, atoms: Any) -> Structures:
         """``atoms`` as :class:`~ddpad.padding.Structures` on the model's device (one
@@ -143,8 +145,9 @@ class Calculator(_AseCalculator):
             self._caps_pending, self._caps_out = False, self._start_from_cached_caps(self.atoms)
         atoms = self.structures(self.atoms) if self.tensor_input else self.atoms
         out = self.evaluate(atoms, stress=wants_stress, **self.call_kwargs)
-        if self._caps_out is not None and self.wrapped is not None and self.wrapped.sizer.settled:
-            self._keep_caps(self._caps_out)
+        wrapped = self.wrapped
+        if self._caps_out is not None and wrapped.sizer.settled and wrapped.cap_state != self._caps_kept:
+            self._keep_caps(self._caps_out)  # fitted, or grown since: the next process starts there
         energy = float(out[adapter.flat_energy_key].detach().sum())
         self.results = {"energy": energy, "free_energy": energy}
         if isinstance(out.get("forces"), torch.Tensor):
@@ -156,10 +159,9 @@ class Calculator(_AseCalculator):
         if wants_stress and isinstance(out.get("stress"), torch.Tensor):
             self.results["stress"] = full_3x3_to_voigt_6_stress(_numpy(out["stress"]).reshape(3, 3))
 
-
-    def _start_from_cached_caps(self, atoms: Any) -> str | None:
+    def _start_from_cached_caps(self, atoms: Any) -> str:
         """Preset the caps cached for this model on ``atoms``' system, if
-        any (None); else the path to keep the fitted caps in."""
+        any; the path to keep them in as they are fitted or grow."""
         wrapped = self.wrapped
         assert wrapped is not None and wrapped.adapter is not None
         path = cached_caps_path(wrapped.adapter.name, self.evaluate.model, atoms)
@@ -170,16 +172,20 @@ class Calculator(_AseCalculator):
         except (OSError, ValueError) as exc:  # the cache's file, not the user's input: one warning
             log.warning("ddpad: ignoring the cached caps %s (%s); this run fits its own", path, exc)
             return path
-        return None
+        self._caps_kept = dict(wrapped.cap_state)
+        return path
 
     def _keep_caps(self, path: str) -> None:
-        """Write the caps a tight run fitted where the next process looks."""
-        self._caps_out = None
+        """Write the caps a tight run fitted (or grew to since) where the
+        next process looks; a folder that cannot be written: said once."""
+        wrapped = self.wrapped
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            self.wrapped.save_caps(path)
+            wrapped.save_caps(path)
         except OSError as exc:
+            self._caps_out = None
             log.warning("ddpad: could not keep the fitted caps in %s (%s)", path, exc)
+        self._caps_kept = dict(wrapped.cap_state)
 
 
 def cached_caps_path(adapter: str, model: torch.nn.Module, atoms: Any) -> str:
