@@ -38,6 +38,7 @@ the torch-sim check runs where torch-sim is installed and is skipped
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -203,8 +204,9 @@ def check_tight(
     from ._capacity import TightPolicy
 
     adapter = resolve_adapter(adapter)
-    # (changing=1.0: fitted however much the trajectory's counts swing, for fitted caps are what is checked)
-    wrapped = adapter.wrap(model, compile=False, cap_policy=TightPolicy(settle=2, changing=1.0))
+    # (changing=inf: fitted however much the trajectory's counts swing, for fitted caps are what is checked;
+    # sevennet's trajectory doubles its atoms in the window)
+    wrapped = adapter.wrap(model, compile=False, cap_policy=TightPolicy(settle=2, changing=math.inf))
     build = adapter.input_builder(model)
     options = _options(adapter)
     for step, structure in enumerate(trajectory):

@@ -76,7 +76,7 @@ def test_growths_after_the_fit_double_their_step_and_stop_at_the_padders_own() -
 
 
 @pytest.mark.parametrize("bad", [{"settle": 0}, {"settle": 1.5}, {"margin": -0.1}, {"margin": 0.5},
-                                 {"margin": True}, {"changing": -0.01}, {"changing": 1.5}, {"changing": "4%"}])
+                                 {"margin": True}, {"changing": -0.01}, {"changing": float("nan")}, {"changing": "4%"}])
 def test_a_bad_tight_policy_is_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         ddpad.TightPolicy(**bad)
