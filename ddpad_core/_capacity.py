@@ -247,13 +247,9 @@ class TightCaps:
                 worst, why = swing, f"{key} swung {100 * swing:.1f} % over {self.watched + 1} calls"
         return why
 
-    def fitted(self, key: str, policy: CapPolicy, need: int, old: int | None, changing: bool = False) -> int:
+    def fitted(self, key: str, policy: CapPolicy, need: int, old: int | None) -> int:
         """``key``'s cap when the caps are fitted: to the highest need seen
-        (this call's included), never above a cap that still holds it; in a
-        ``changing`` run, the cap it has, grown as head room grows it when
-        ``need`` overflows it."""
-        if changing:
-            return policy.initial(need) if old is None else old if policy.fits(need, old) else policy.grow(need)
+        (this call's included), never above a cap that still holds it."""
         high, low = max(need, self.high.get(key, need)), min(need, self.low.get(key, need))
         still = key in self.high and high == low  # held still over two calls at least; one call says nothing
         cap = self.policy.fit(policy, high, 0.0 if still else None)
@@ -497,14 +493,15 @@ def _resolve(
             if cap > current.get(key, 0):  # a peer's cap (loaded or grown) is larger
                 current[key] = cap
     rows: list[Row] = []
+    # (a changing run's window ends on the head-room path: its caps are kept, or grow as head room's)
     fitting = sizer is not None and sizer.settling(
-        [(key, need, current.get(key), policy) for key, need, policy in zip(keys, needs, policies)])
-    changing = fitting and sizer is not None and sizer.swing(list(zip(keys, needs))) is not None
+        [(key, need, current.get(key), policy) for key, need, policy in zip(keys, needs, policies)]
+    ) and sizer.swing(list(zip(keys, needs))) is None
     for key, real, need, policy, ceiling, mine in zip(keys, reals, needs, policies, limits, own):
         old = current.get(key)
         if fitting:
             assert sizer is not None
-            cap = sizer.fitted(key, policy, need, old, changing)
+            cap = sizer.fitted(key, policy, need, old)
         elif old is None:
             cap = policy.initial(need)
         elif not policy.fits(need, old):
